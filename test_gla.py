@@ -1,0 +1,546 @@
+"""Tests for gla.py, kernels.py, train.py and plot.py (CPU; Triton through its interpreter).
+
+python -m pytest -q    # about 2-3 minutes on 2 CPU cores
+"""
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported: kernels run on the CPU
+
+import importlib.util
+import json
+import math
+import pathlib
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import gla
+import kernels
+import plot
+import train
+
+REPO = pathlib.Path(__file__).resolve().parent
+VARIANTS = ["gqa", "mla", "gla2"]
+# SPEC.md: the six SwiGLU widths and the cache of the paper-scale ablation.
+PAPER_WIDTHS = {("gqa", False): 9728, ("gqa", True): 7680, ("mla", False): 9448, ("mla", True): 7320,
+                ("gla2", False): 10048, ("gla2", True): 8344}
+PAPER_CACHE = {"gqa": 2 * 6 * 128, "mla": 512 + 64, "gla2": 2 * 256 + 64}
+
+
+def small_model(variant, double_heads=False, seed=0, **overrides):
+    torch.manual_seed(seed)
+    model = gla.GPT(gla.make_config("tiny", variant, double_heads, **overrides))
+    # Output projections start at zero (SPEC init); perturb them so attention
+    # and MLP actually shape the logits in these tests.
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    return model.eval()
+
+
+# ----------------------------------------------------------------------------
+# gla.py: the model
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("double_heads", [False, True])
+def test_forward_shapes_and_finite_loss(variant, double_heads):
+    model = small_model(variant, double_heads)
+    idx = torch.randint(0, 256, (2, 32))
+    logits, loss = model(idx, idx)
+    assert logits.shape == (2, 32, 256)
+    assert loss.ndim == 0 and torch.isfinite(loss)
+    loss.backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
+    _, none = model(idx)
+    assert none is None
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_causal(variant):
+    model = small_model(variant)
+    idx = torch.randint(0, 256, (1, 24))
+    t = 10
+    changed = idx.clone()
+    changed[0, t] = (idx[0, t] + 1) % 256
+    a, _ = model(idx)
+    b, _ = model(changed)
+    assert torch.equal(a[:, :t], b[:, :t])  # nothing before t may see token t
+    assert (a[:, t:] - b[:, t:]).abs().amax() > 1e-4  # and the model does depend on it
+
+
+@pytest.mark.parametrize("preset", list(gla.PRESETS))
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_double_heads_same_params_and_cache(preset, variant):
+    base, double = gla.make_config(preset, variant), gla.make_config(preset, variant, double_heads=True)
+    with torch.device("meta"):
+        n_base, n_double = gla.GPT(base).num_params(), gla.GPT(double).num_params()
+    assert double.n_head == 2 * base.n_head
+    assert double.ffn_hidden < base.ffn_hidden  # heads are paid for with MLP width
+    assert abs(n_double - n_base) / n_base < 0.005
+    assert gla.kv_cache_elems_per_token_per_layer(double) == gla.kv_cache_elems_per_token_per_layer(base)
+    assert gla.kv_cache_shapes(double) == gla.kv_cache_shapes(base)
+
+
+def test_width_rule_counts_every_attention_weight():
+    """Recount the paper's GLA-2 attention by hand, independently of the module."""
+    c = gla.make_config("paper", "gla2")
+    d, heads = 3072, 24
+    attn = (d * 1024 + 1024 + 1024 * heads * (128 + 64)  # wq_a, q_norm, wq_b
+            + d * (512 + 64) + 512 + heads * 256 * (128 + 128)  # wkv_a, two kv norms, wkv_b
+            + heads * 128 * d)  # wo
+    assert c.ffn_hidden == round((12 * d * d - attn) / (3 * d) / 8) * 8
+    with torch.device("meta"):
+        assert sum(p.numel() for p in gla.LatentAttention(c).parameters()) == attn
+
+
+def test_paper_dry_run():
+    out = subprocess.run([sys.executable, "train.py", "--attn", "all", "--preset", "paper", "--dry_run"],
+                         cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    rows = [json.loads(line) for line in out.stdout.splitlines()]
+    assert len(rows) == 6
+    for row in rows:
+        assert row["preset"] == "paper"
+        assert row["ffn_hidden"] == PAPER_WIDTHS[row["attn"], row["double_heads"]]
+        assert row["n_head"] == (48 if row["double_heads"] else 24)
+        assert row["kv_cache_elems_per_token_per_layer"] == PAPER_CACHE[row["attn"]]
+    for variant in VARIANTS:
+        n = [r["n_params"] for r in rows if r["attn"] == variant]
+        assert abs(n[0] - n[1]) / n[0] < 0.001
+
+
+# ----------------------------------------------------------------------------
+# gla.py: the decode path (KV cache, absorbed MLA/GLA)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_decode_matches_training_forward(variant):
+    """Prefill, single steps and a multi-token step through the cache give the
+    training forward's logits at every position (absorbed == naive for MLA/GLA)."""
+    model = small_model(variant, double_heads=True)
+    idx = torch.randint(0, 256, (2, 40))
+    full, _ = model(idx)
+    model.setup_cache(2, 40)
+    seqlens = torch.zeros(2, dtype=torch.int32)
+    pieces = []
+    for n in (7, 1, 1, 3, 1, 27):  # prefill, steps, a speculative-style block of 3, the rest
+        start = int(seqlens[0])
+        pieces.append(model.decode(idx[:, start:start + n], seqlens))
+        seqlens += n
+    assert (torch.cat(pieces, dim=1) - full).abs().max() < 1e-4
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_cache_holds_only_latent_and_shared_rope_key(variant):
+    model = small_model(variant)
+    model.setup_cache(3, 16)
+    c = model.config
+    cache = model.blocks[0].attn.cache
+    if variant == "gqa":
+        assert cache.k_cache.shape == cache.v_cache.shape == (3, 16, c.n_kv_head, c.head_dim)
+    else:
+        assert cache.k_cache.shape == (3, 16, 1, c.qk_rope_head_dim)  # ONE roped key for all heads
+        assert cache.v_cache.shape == (3, 16, c.n_latent_heads, c.kv_lora_rank // c.n_latent_heads)
+    per_token = (cache.k_cache[0, 0].numel() + cache.v_cache[0, 0].numel())
+    assert per_token == gla.kv_cache_elems_per_token_per_layer(c)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_ragged_batch_through_cache_seqlens(variant):
+    """Two prompts of different lengths in one batch: right-padded prefill, then
+    per-sequence cache_seqlens; each row matches running that sequence alone."""
+    model = small_model(variant)
+    a, b = torch.randint(0, 256, (1, 13)), torch.randint(0, 256, (1, 6))
+    padded = torch.cat([a, torch.cat([b, torch.zeros(1, 7, dtype=torch.long)], 1)])
+    model.setup_cache(2, 20)
+    logits = model.decode(padded, torch.zeros(2, dtype=torch.int32))
+    seqlens = torch.tensor([13, 6], dtype=torch.int32)  # the pads of row 1 will be overwritten
+    nxt = torch.randint(0, 256, (2, 2))
+    step = model.decode(nxt, seqlens)
+    ref_a, _ = model(torch.cat([a, nxt[:1]], 1))
+    ref_b, _ = model(torch.cat([b, nxt[1:]], 1))
+    assert (logits[0] - ref_a[0, :13]).abs().max() < 1e-4
+    assert (logits[1, :6] - ref_b[0, :6]).abs().max() < 1e-4
+    assert (step[0] - ref_a[0, 13:]).abs().max() < 1e-4
+    assert (step[1] - ref_b[0, 6:]).abs().max() < 1e-4
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_greedy_generate_matches_full_recompute(variant):
+    model = small_model(variant, seed=1)
+    prompt = torch.randint(0, 256, (2, 5))
+    out = model.generate(prompt, max_new_tokens=12, temperature=0)
+    ref = prompt
+    for _ in range(12):
+        logits, _ = model(ref)
+        ref = torch.cat([ref, logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+    assert out.shape == (2, 17)
+    assert torch.equal(out, ref)
+    sampled = model.generate(prompt, max_new_tokens=4, temperature=0.8, top_k=5)
+    assert sampled.shape == (2, 9) and torch.equal(sampled[:, :5], prompt)
+
+
+def test_decode_past_capacity_and_without_cache():
+    model = small_model("gla2")
+    with pytest.raises(ValueError, match="setup_cache"):
+        model.decode(torch.zeros(1, 1, dtype=torch.long), torch.zeros(1, dtype=torch.int32))
+    model.setup_cache(1, 8)
+    model.decode(torch.zeros(1, 6, dtype=torch.long), torch.zeros(1, dtype=torch.int32))
+    with pytest.raises(ValueError, match=r"past the cache capacity: 9 tokens > max_seq_len=8"):
+        model.decode(torch.zeros(1, 3, dtype=torch.long), torch.full((1,), 6, dtype=torch.int32))
+
+
+# ----------------------------------------------------------------------------
+# kernels.py: the Triton decode kernel (interpreter on CPU) against the reference
+
+HERE = os.path.dirname(os.path.abspath(kernels.__file__))
+
+# name: (Hq, Hkv, Hk, Dk, Dv, uses qv), small versions of the paper's decode shapes.
+SHAPES = {
+    "gqa": (6, 2, 2, 16, 16, False),  # 3 heads per group: a non-power-of-two row count
+    "mla": (8, 1, 1, 16, 32, True),
+    "gla2": (8, 2, 1, 16, 32, True),  # shared rope key, two latent heads
+    "gla2_k_per_group": (8, 2, 2, 16, 32, True),
+    "mqa_shared_k": (4, 2, 1, 16, 16, False),
+    "odd_dims": (6, 2, 1, 20, 24, True),  # Dk, Dv not powers of two: masked
+}
+TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.float16: dict(atol=5e-3, rtol=5e-3)}
+
+
+def _inputs(B, S, Lq, Hq, Hkv, Hk, Dk, Dv, use_qv, dtype, seqlens):
+    cache_seqlens = torch.tensor(seqlens, dtype=torch.int32)
+    k_cache = torch.randn(B, S, Hk, Dk).to(dtype)
+    v_cache = torch.randn(B, S, Hkv, Dv).to(dtype)
+    # Slots past cache_seqlens are never to be read: NaN there fails any leak.
+    stale = torch.arange(S)[None, :] >= cache_seqlens[:, None]
+    k_cache[stale] = float("nan")
+    v_cache[stale] = float("nan")
+    q = torch.randn(B, Lq, Hq, Dk).to(dtype)
+    qv = torch.randn(B, Lq, Hq, Dv).to(dtype) if use_qv else None
+    return q, k_cache, v_cache, cache_seqlens, qv
+
+
+def _plan(B, Lq, Hq, Hkv, Dk, Dv, dtype, max_len, num_splits=None):
+    """The kernel's block sizes and split count for these shapes."""
+    elem = torch.empty(0, dtype=dtype).element_size()
+    return kernels._plan(B, Lq, Hq, Hkv, Dk, Dv, elem, max_len, num_splits, kernels.DEFAULT_NUM_SMS)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("Lq", [1, 2, 4])
+@pytest.mark.parametrize("name", ["gqa", "mla", "gla2"])
+def test_kernel_matches_reference(name, Lq, dtype):
+    _check_kernel(name, Lq, dtype, splits=(None, 4))
+
+
+@pytest.mark.parametrize("name", ["gla2_k_per_group", "mqa_shared_k", "odd_dims"])
+def test_kernel_matches_reference_other_layouts(name):
+    _check_kernel(name, 2, torch.float32, splits=(None, 1, 4))
+
+
+def _check_kernel(name, Lq, dtype, splits):
+    Hq, Hkv, Hk, Dk, Dv, use_qv = SHAPES[name]
+    block_n = _plan(3, Lq, Hq, Hkv, Dk, Dv, dtype, 1)["BLOCK_N"]
+    # One sequence shorter than a block, one not a multiple of it, one spanning 3+ blocks.
+    S = 3 * block_n + 7
+    seqlens = [Lq + 1, block_n + 5, S]
+    q, k_cache, v_cache, cache_seqlens, qv = _inputs(3, S, Lq, Hq, Hkv, Hk, Dk, Dv, use_qv, dtype, seqlens)
+    ref = kernels.decode_attention_ref(q, k_cache, v_cache, cache_seqlens, qv)
+    assert not ref.isnan().any()
+    for num_splits in splits:
+        out = torch.full((3, Lq, Hq, Dv), float("nan"), dtype=dtype)  # poisoned: unwritten stays NaN
+        got = kernels.decode_attention(q, k_cache, v_cache, cache_seqlens, qv, num_splits=num_splits, out=out)
+        assert got is out and got.dtype == dtype
+        assert not out.isnan().any(), f"unwritten output elements (num_splits={num_splits})"
+        torch.testing.assert_close(out, ref, **TOL[dtype])
+    # The 4-split run above exercised the combine step of partial outputs.
+    assert _plan(3, Lq, Hq, Hkv, Dk, Dv, dtype, S, 4)["n_splits"] == 4
+
+
+def test_kernel_head_blocks_and_scale():
+    # 24 heads x Lq 2 rows x Dv 512 exceed one tile's register budget: the group is split
+    # into head blocks.
+    Hq, Hkv, Hk, Dk, Dv, Lq, S = 24, 1, 1, 16, 512, 2, 40
+    q, k_cache, v_cache, cache_seqlens, qv = _inputs(2, S, Lq, Hq, Hkv, Hk, Dk, Dv, True, torch.float32, [S, 9])
+    assert _plan(2, Lq, Hq, Hkv, Dk, Dv, torch.float32, S)["n_head_blocks"] > 1
+    for scale in (None, 0.3):
+        out = kernels.decode_attention(q, k_cache, v_cache, cache_seqlens, qv, softmax_scale=scale)
+        ref = kernels.decode_attention_ref(q, k_cache, v_cache, cache_seqlens, qv, softmax_scale=scale)
+        torch.testing.assert_close(out, ref, **TOL[torch.float32])
+
+
+@pytest.mark.parametrize("Hk, use_qv", [(1, True), (2, False)])
+def test_reference_matches_naive_loop(Hk, use_qv):
+    B, S, Lq, Hq, Hkv, Dk, Dv = 2, 6, 2, 4, 2, 3, 5
+    q, k_cache, v_cache, cache_seqlens, qv = _inputs(B, S, Lq, Hq, Hkv, Hk, Dk, Dv, use_qv, torch.float64, [3, 6])
+    scale = 1 / math.sqrt(Dk + Dv) if use_qv else 1 / math.sqrt(Dk)  # FA3's default
+    want = torch.zeros(B, Lq, Hq, Dv, dtype=torch.float64)
+    for b in range(B):
+        for i in range(Lq):
+            n = int(cache_seqlens[b]) - Lq + i + 1  # positions this new token sees
+            for h in range(Hq):
+                vh = h // (Hq // Hkv)
+                kh = vh if Hk == Hkv else 0
+                s = [float(q[b, i, h] @ k_cache[b, j, kh]) for j in range(n)]
+                if use_qv:
+                    s = [s[j] + float(qv[b, i, h] @ v_cache[b, j, vh]) for j in range(n)]
+                e = [math.exp(scale * (x - max(s))) for x in s]
+                for j in range(n):
+                    want[b, i, h] += e[j] / sum(e) * v_cache[b, j, vh]
+    got = kernels.decode_attention_ref(q, k_cache, v_cache, cache_seqlens, qv)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)  # the reference does float32 math
+
+
+def _bad(case):
+    """Valid GLA-2-shaped inputs (B 2, S 8, Lq 2, Hq 4, Hkv 2, Hk 1), with one thing broken."""
+    a = dict(q=torch.randn(2, 2, 4, 8), k_cache=torch.randn(2, 8, 1, 8), v_cache=torch.randn(2, 8, 2, 16),
+             cache_seqlens=torch.tensor([8, 5], dtype=torch.int32), qv=torch.randn(2, 2, 4, 16))
+    if case == "heads":
+        a["q"], a["qv"] = torch.randn(2, 2, 3, 8), torch.randn(2, 2, 3, 16)
+    elif case == "hk":
+        a["k_cache"], a["v_cache"] = torch.randn(2, 8, 2, 8), torch.randn(2, 8, 3, 16)
+        a["q"], a["qv"] = torch.randn(2, 2, 6, 8), torch.randn(2, 2, 6, 16)
+    elif case == "too_long":
+        a["cache_seqlens"] = torch.tensor([9, 5], dtype=torch.int32)
+    elif case == "too_short":
+        a["cache_seqlens"] = torch.tensor([8, 1], dtype=torch.int32)
+    elif case == "seqlens_dtype":
+        a["cache_seqlens"] = torch.tensor([8, 5])
+    elif case == "mixed_dtype":
+        a["k_cache"] = a["k_cache"].half()
+    elif case == "int_dtype":
+        a = {n: (t.to(torch.int32) if n != "cache_seqlens" else t) for n, t in a.items()}
+    elif case == "qv_shape":
+        a["qv"] = torch.randn(2, 2, 4, 8)
+    elif case == "dk":
+        a["k_cache"] = torch.randn(2, 8, 1, 4)
+    return a
+
+
+@pytest.mark.parametrize("case, match", [
+    ("heads", "multiple of Hkv"), ("hk", "expected 1 .* or Hkv"), ("too_long", r"\[Lq, S\]"),
+    ("too_short", r"\[Lq, S\]"), ("seqlens_dtype", "int32"), ("mixed_dtype", "share one floating dtype"),
+    ("int_dtype", "floating dtype"), ("qv_shape", r"qv must have shape"), ("dk", "head dim"),
+])
+def test_bad_inputs_raise(case, match):
+    for fn in (kernels.decode_attention, kernels.decode_attention_ref):
+        with pytest.raises(ValueError, match=match):
+            fn(**_bad(case))
+    fn(**_bad("ok"))  # the same inputs unbroken are accepted
+
+
+def test_bench_without_cuda_exits_2():
+    r = subprocess.run([sys.executable, os.path.join(HERE, "kernels.py"), "--bench"],
+                       capture_output=True, text=True, cwd=HERE, timeout=120)
+    lines = (r.stdout + r.stderr).strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and "CUDA" in lines[0]
+
+
+def test_cpu_without_interpreter_raises():
+    code = ("import torch, kernels\n"
+            "q = torch.randn(1, 1, 2, 16); k = torch.randn(1, 4, 1, 16); s = torch.tensor([4], dtype=torch.int32)\n"
+            "try:\n    kernels.decode_attention(q, k, k, s)\nexcept ValueError as e:\n    print('ValueError', e)\n")
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=HERE, env=env, timeout=120)
+    assert r.returncode == 0 and "ValueError" in r.stdout and "decode_attention_ref" in r.stdout, r.stderr
+
+
+def test_import_without_triton(monkeypatch):
+    monkeypatch.setitem(sys.modules, "triton", None)  # makes `import triton` raise ImportError
+    spec = importlib.util.spec_from_file_location("kernels_no_triton", kernels.__file__)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    a = _bad("ok")
+    torch.testing.assert_close(mod.decode_attention_ref(**a), kernels.decode_attention_ref(**a))
+    with pytest.raises(RuntimeError, match="needs Triton"):
+        mod.decode_attention(**a)
+
+
+# ----------------------------------------------------------------------------
+# plot.py: the double-heads figure
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+RUNS = ["gqa", "gqa_double_heads", "mla", "mla_double_heads", "gla2", "gla2_double_heads"]
+
+
+def _write_run(out, run, tokens, val_loss, extra_lines=()):
+    """metrics.jsonl as train.py writes it; extra_lines are appended verbatim."""
+    d = out / run
+    d.mkdir(parents=True, exist_ok=True)
+    lines = [json.dumps({"iter": i, "tokens": int(t), "train_loss": float(v) + 0.1,
+                         "val_loss": float(v), "lr": 1e-4, "elapsed_s": float(i)})
+             for i, (t, v) in enumerate(zip(tokens, val_loss))]
+    (d / "metrics.jsonl").write_text("\n".join(list(lines) + list(extra_lines)) + "\n")
+    (d / "config.json").write_text(json.dumps({"run": run}))
+
+
+def _synthetic(n=9, step=500_000):
+    """Token grid and per-run losses; GLA-2 has one dL < 0 and one dL == 0."""
+    tokens = np.arange(n) * step
+    base = 4.0 - 0.1 * np.arange(n)
+    deltas = {"gqa": np.linspace(0.01, 0.004, n), "mla": np.linspace(0.006, 0.008, n),
+              "gla2": np.linspace(0.004, 0.002, n)}
+    deltas["gla2"][3] = -0.0015
+    deltas["gla2"][5] = 0.0
+    losses = {}
+    for v, d in deltas.items():
+        losses[v] = base + 0.01 * len(v)
+        losses[v + "_double_heads"] = losses[v] - d
+    return tokens, losses
+
+
+def _write_all(out, runs=RUNS, **kw):
+    tokens, losses = _synthetic(**kw)
+    for r in runs:
+        _write_run(out, r, tokens, losses[r])
+    return tokens, losses
+
+
+def _read_csv(path):
+    rows = path.read_text().strip().splitlines()
+    assert rows[0] == "variant,tokens,val_loss_baseline,val_loss_double_heads,delta_loss"
+    return [(v, int(t), float(b), float(d), float(x))
+            for v, t, b, d, x in (r.split(",") for r in rows[1:])]
+
+
+def _run_main(tmp_path, out):
+    png = tmp_path / "fig" / "ablation.png"
+    rc = plot.main(["--out_dir", str(out), "--output", str(png)])
+    return rc, png, png.with_suffix(".csv")
+
+
+def test_all_six_runs_values_and_nonpositive_points(tmp_path, capsys):
+    out = tmp_path / "out"
+    tokens, losses = _write_all(out)
+    rc, png, csv = _run_main(tmp_path, out)
+    assert rc == 0
+    assert png.read_bytes()[:8] == PNG_MAGIC and png.stat().st_size > 5000
+    rows = _read_csv(csv)
+    assert [r[0] for r in rows] == ["GQA"] * 9 + ["MLA"] * 9 + ["GLA-2"] * 9
+    for name, label in [("gqa", "GQA"), ("mla", "MLA"), ("gla2", "GLA-2")]:
+        got = [r for r in rows if r[0] == label]
+        assert [r[1] for r in got] == list(tokens)
+        for (_, t, b, d, x), bl, dl in zip(got, losses[name], losses[name + "_double_heads"]):
+            assert b == pytest.approx(bl, abs=1e-12) and d == pytest.approx(dl, abs=1e-12)
+            assert x == pytest.approx(bl - dl, abs=1e-12)
+    gla = [r[4] for r in rows if r[0] == "GLA-2"]
+    assert gla[3] == pytest.approx(-0.0015, abs=1e-12) and gla[5] == pytest.approx(0.0, abs=1e-12)
+    # no temporary files left beside the outputs
+    assert sorted(p.name for p in png.parent.iterdir()) == ["ablation.csv", "ablation.png"]
+    stdout = capsys.readouterr().out
+    assert str(png) in stdout and "GLA-2" in stdout
+
+
+def test_delta_loss_aligns_on_common_tokens():
+    base = [{"tokens": t, "val_loss": 3.0 + t} for t in (0, 10, 20, 30)]
+    double = [{"tokens": t, "val_loss": 2.5 + t} for t in (10, 20, 30, 40)]
+    tokens, bl, dl, delta = plot.delta_loss(base, double)
+    assert list(tokens) == [10, 20, 30]
+    assert np.allclose(bl, [13.0, 23.0, 33.0]) and np.allclose(dl, [12.5, 22.5, 32.5])
+    assert np.allclose(delta, 0.5)
+
+
+def test_missing_run_warns_and_skips_variant(tmp_path, capsys):
+    out = tmp_path / "out"
+    _write_all(out, runs=[r for r in RUNS if r != "mla_double_heads"])
+    rc, png, csv = _run_main(tmp_path, out)
+    assert rc == 0 and png.exists()
+    err = capsys.readouterr().err
+    assert "mla_double_heads" in err and "MLA" in err
+    assert {r[0] for r in _read_csv(csv)} == {"GQA", "GLA-2"}
+
+
+@pytest.mark.parametrize("case", ["nonexistent", "empty", "no_complete_variant"])
+def test_no_usable_runs_exit_2_without_outputs(tmp_path, capsys, case):
+    out = tmp_path / "out"
+    if case != "nonexistent":
+        out.mkdir()
+    if case == "no_complete_variant":
+        _write_all(out, runs=["gqa", "mla_double_heads"])
+    rc, png, csv = _run_main(tmp_path, out)
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "error" in err
+    assert not png.exists() and not csv.exists()
+    assert not (tmp_path / "fig").exists() or not any((tmp_path / "fig").iterdir())
+
+
+def test_truncated_last_line_is_skipped(tmp_path, capsys):
+    out = tmp_path / "out"
+    tokens, losses = _write_all(out)
+    _write_run(out, "gqa", tokens, losses["gqa"],
+               extra_lines=['{"iter": 9, "tokens": 4500000, "train_lo'])
+    rc, _, csv = _run_main(tmp_path, out)
+    assert rc == 0
+    err = capsys.readouterr().err
+    assert "gqa" in err and "line 10" in err
+    assert [r[1] for r in _read_csv(csv) if r[0] == "GQA"] == list(tokens)
+
+
+def test_invalid_json_in_the_middle_is_an_error(tmp_path, capsys):
+    out = tmp_path / "out"
+    _write_all(out)
+    path = out / "mla" / "metrics.jsonl"
+    lines = path.read_text().splitlines()
+    lines[2] = lines[2][:15]
+    path.write_text("\n".join(lines) + "\n")
+    rc, png, csv = _run_main(tmp_path, out)
+    assert rc == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "mla" in err and "line 3" in err
+    assert not png.exists() and not csv.exists()
+
+
+def test_nan_val_loss_point_is_skipped(tmp_path, capsys):
+    out = tmp_path / "out"
+    tokens, losses = _write_all(out)
+    bad = losses["mla_double_heads"].copy()
+    bad[4] = math.nan
+    _write_run(out, "mla_double_heads", tokens, bad)
+    assert "NaN" in (out / "mla_double_heads" / "metrics.jsonl").read_text()
+    rc, _, csv = _run_main(tmp_path, out)
+    assert rc == 0
+    assert "mla_double_heads" in capsys.readouterr().err
+    rows = _read_csv(csv)
+    assert [r[1] for r in rows if r[0] == "MLA"] == [t for i, t in enumerate(tokens) if i != 4]
+    assert all(math.isfinite(x) for r in rows for x in r[2:])
+
+
+def test_different_lengths_plot_overlap_and_duplicates_keep_last(tmp_path, capsys):
+    out = tmp_path / "out"
+    tokens, losses = _write_all(out)
+    _write_run(out, "gla2_double_heads", tokens[:5], losses["gla2_double_heads"][:5])
+    # gqa re-evaluated at tokens[2] (e.g. after a resume): the later value wins
+    _write_run(out, "gqa", list(tokens) + [tokens[2]], list(losses["gqa"]) + [9.0])
+    rc, _, csv = _run_main(tmp_path, out)
+    assert rc == 0
+    assert "note" in capsys.readouterr().err
+    rows = _read_csv(csv)
+    assert [r[1] for r in rows if r[0] == "GLA-2"] == list(tokens[:5])
+    gqa = {r[1]: r for r in rows if r[0] == "GQA"}
+    assert len(gqa) == len(tokens) and gqa[tokens[2]][2] == 9.0
+    assert gqa[tokens[2]][4] == pytest.approx(9.0 - losses["gqa_double_heads"][2])
+
+
+def test_cli_subprocess_end_to_end(tmp_path):
+    out = tmp_path / "out"
+    _write_all(out)
+    png = tmp_path / "cli.png"
+    cmd = [sys.executable, plot.__file__, "--out_dir", str(out), "--output", str(png)]
+    ok = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert ok.returncode == 0, ok.stderr
+    assert png.read_bytes()[:8] == PNG_MAGIC and png.with_suffix(".csv").exists()
+    bad = subprocess.run([sys.executable, plot.__file__, "--out_dir", str(tmp_path / "nope"),
+                          "--output", str(tmp_path / "x.png")],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    assert len(bad.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "x.png").exists()

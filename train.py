@@ -1,0 +1,586 @@
+"""
+Train one configuration of the double-heads ablation, or all six.
+
+    python train.py --attn gla2 --double_heads        # one run, tiny preset, CPU ok
+    python train.py --attn all                        # the six runs of the ablation
+    torchrun --standalone --nproc_per_node=8 train.py --attn all --preset paper --data fineweb10B/
+
+The ablation (Liu et al., "Multi-Head Low-Rank Attention", ICLR 2026, arXiv
+2603.02188) trains GQA, MLA and GLA-2 twice: baseline, and with the query heads
+doubled at equal parameters and equal KV cache (gla.make_config). For a fair
+difference, every run of one ablation sees the same data in the same order,
+starts from the same seed, and is evaluated on the same fixed validation batches:
+batch `i` is a pure function of (seed, i), which also makes resuming exact.
+
+Writes <out_dir>/<run>/{config.json, metrics.jsonl, ckpt.pt}, run = gqa,
+gqa_double_heads, mla, ... Bad input: one line on stderr, exit status 2.
+"""
+
+import argparse
+import ast
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import pathlib
+import random
+import sys
+import sysconfig
+import tempfile
+import time
+from contextlib import nullcontext
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from tqdm import tqdm
+
+import gla
+
+VARIANTS = ("gqa", "mla", "gla2")
+MODEL_FLAGS = ("block_size", "vocab_size", "n_head", "n_kv_head")  # override the preset's model
+# llm.c / modded-nanogpt token shards: 256 int32 header [magic, version, n_tokens, ...], then uint16 tokens.
+SHARD_MAGIC, SHARD_VERSION, SHARD_HEADER_INTS = 20240520, 1, 256
+# Training defaults per preset; paper = SPEC.md (60 sequences x 8 GPUs, 100k iterations, ~98B tokens).
+TRAIN_DEFAULTS = {
+    "tiny": dict(max_iters=300, batch_size=16, learning_rate=2e-3, warmup_iters=30,
+                 eval_interval=25, eval_iters=8, ckpt_interval=100),
+    "small": dict(max_iters=10000, batch_size=64, learning_rate=6e-4, warmup_iters=500,
+                  eval_interval=250, eval_iters=20, ckpt_interval=1000),
+    "paper": dict(max_iters=100000, batch_size=480, learning_rate=1.6e-4, warmup_iters=2000,
+                  eval_interval=1000, eval_iters=20, ckpt_interval=1000),
+}
+
+
+class UsageError(Exception):
+    """Bad input: printed as one line, exit status 2, nothing written."""
+
+
+class Diverged(Exception):
+    """The loss became NaN or infinite: printed as one line, exit status 1."""
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line through cli(), not argparse's usage block
+        raise UsageError(message)
+
+
+def get_args(argv=None):
+    p = Parser(prog="train.py", description=__doc__.split("\n\n")[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--attn", default="gqa", choices=[*VARIANTS, "all"], help="variant, or all six runs")
+    p.add_argument("--double_heads", action="store_true", help="double the query heads (same KV cache)")
+    p.add_argument("--preset", default="tiny", choices=list(gla.PRESETS))
+    p.add_argument("--max_iters", type=int, help="optimizer steps (default: per preset)")
+    p.add_argument("--batch_size", type=int, help="sequences per step, all processes together")
+    p.add_argument("--grad_accum", type=int, default=1, help="micro-batches per process per step")
+    p.add_argument("--block_size", type=int, help="sequence length (default: per preset)")
+    p.add_argument("--vocab_size", type=int, help="vocabulary size (default: per preset; bytes need 256)")
+    p.add_argument("--n_head", type=int, help="baseline query heads (default: n_embd / head_dim)")
+    p.add_argument("--n_kv_head", type=int, help="GQA key/value heads (default: baseline n_head / 4)")
+    p.add_argument("--learning_rate", type=float, help="peak learning rate")
+    p.add_argument("--warmup_iters", type=int, help="linear warmup steps")
+    p.add_argument("--weight_decay", type=float, default=0.1)
+    p.add_argument("--grad_clip", type=float, default=1.0)
+    p.add_argument("--eval_interval", type=int, help="steps between validation evaluations")
+    p.add_argument("--eval_iters", type=int, help="validation batches per evaluation")
+    p.add_argument("--ckpt_interval", type=int, help="steps between checkpoints (and one at the end)")
+    p.add_argument("--out_dir", default="out")
+    p.add_argument("--data", help="text file (bytes), folder with train.bin/val.bin, or llm.c shards")
+    p.add_argument("--device", help="cuda or cpu (default: cuda when available)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], help="autocast dtype (default: bfloat16 on cuda)")
+    p.add_argument("--compile", action="store_true", help="torch.compile the model")
+    p.add_argument("--seed", type=int, default=1337)
+    p.add_argument("--resume", action="store_true", help="continue each run from its checkpoint")
+    p.add_argument("--dry_run", action="store_true", help="print each run's model summary as JSON and exit")
+    args = p.parse_args(argv)
+    for key, value in TRAIN_DEFAULTS[args.preset].items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    for key in ("max_iters", "batch_size", "grad_accum", "eval_interval", "eval_iters", "ckpt_interval",
+                "warmup_iters", *MODEL_FLAGS):
+        value = getattr(args, key)
+        if value is not None and (value <= 0 if key != "warmup_iters" else value < 0):
+            p.error(f"--{key} must be positive, got {value}")
+    if not args.learning_rate > 0:
+        p.error(f"--learning_rate must be positive, got {args.learning_rate}")
+    return args
+
+
+def runs_of(args):
+    """(variant, double_heads) of each requested run, in the order they train."""
+    if args.attn == "all":
+        return [(v, d) for v in VARIANTS for d in (False, True)]
+    return [(args.attn, args.double_heads)]
+
+
+def run_name(variant, double_heads):
+    return variant + ("_double_heads" if double_heads else "")
+
+
+def model_config(args, variant, double_heads):
+    overrides = {k: getattr(args, k) for k in MODEL_FLAGS if getattr(args, k) is not None}
+    return gla.make_config(args.preset, variant, double_heads, **overrides)
+
+
+def summary(config, variant, double_heads, preset):
+    """The --dry_run line. n_kv_head: KV heads a decode step reads (latent heads for MLA/GLA)."""
+    with torch.device("meta"):
+        n_params = gla.GPT(config).num_params()
+    return dict(attn=variant, double_heads=double_heads, preset=preset, n_params=n_params,
+                ffn_hidden=config.ffn_hidden, n_head=config.n_head,
+                n_kv_head=config.n_kv_head if config.attn == "gqa" else config.n_latent_heads,
+                kv_cache_elems_per_token_per_layer=gla.kv_cache_elems_per_token_per_layer(config))
+
+
+# ----------------------------------------------------------------------------
+# Data
+
+
+def atomic_write(path, write):
+    """Write a file through a temporary name in the same folder, then os.replace:
+    a kill at any moment leaves the old file or the new one, never half of one."""
+    path = pathlib.Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the usual permissions
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def stdlib_corpus():
+    """~2 MB of English that ships with every Python: the reference text in
+    pydoc_data.topics and the docstrings of the standard library's modules,
+    read with ast (never imported). Documents are shuffled with a fixed seed so
+    the validation split (last 10%) is not just the last modules of the alphabet."""
+    from pydoc_data.topics import topics
+
+    docs = [topics[key] for key in sorted(topics)]
+    root = pathlib.Path(sysconfig.get_paths()["stdlib"])
+    for path in sorted(root.rglob("*.py")):
+        parts = path.relative_to(root).parts
+        if parts[0] in ("site-packages", "dist-packages", "test", "idlelib", "lib2to3") or "tests" in parts:
+            continue
+        try:
+            tree = ast.parse(path.read_bytes())
+        except (SyntaxError, ValueError, OSError):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                doc = ast.get_docstring(node)
+                if doc and len(doc) > 40:
+                    docs.append(doc)
+    random.Random(0).shuffle(docs)
+    return "\n\n".join(docs).encode("utf-8")
+
+
+def read_shard(path):
+    """Tokens of one llm.c shard (uint16, memory-mapped) after checking its header."""
+    header = np.fromfile(path, dtype=np.int32, count=SHARD_HEADER_INTS)
+    if len(header) < 3 or header[0] != SHARD_MAGIC:
+        raise UsageError(f"{path}: not an llm.c token shard (magic {header[0] if len(header) else None}, "
+                         f"expected {SHARD_MAGIC}); regenerate it with llm.c's dev/data/fineweb.py")
+    if header[1] != SHARD_VERSION:
+        raise UsageError(f"{path}: shard version {header[1]}, expected {SHARD_VERSION}")
+    n_tokens, offset = int(header[2]), SHARD_HEADER_INTS * 4
+    if os.path.getsize(path) != offset + 2 * n_tokens:
+        raise UsageError(f"{path}: header says {n_tokens} tokens but the file holds "
+                         f"{(os.path.getsize(path) - offset) / 2:g}; the shard is truncated or corrupt")
+    return np.memmap(path, dtype=np.uint16, mode="r", offset=offset, shape=(n_tokens,))
+
+
+def read_bin(path):
+    """nanoGPT's train.bin / val.bin: raw uint16 tokens, memory-mapped."""
+    size = os.path.getsize(path)
+    if size % 2:
+        raise UsageError(f"{path}: {size} bytes is not a whole number of uint16 tokens; the file is truncated")
+    return np.memmap(path, dtype=np.uint16, mode="r") if size else np.zeros(0, np.uint16)
+
+
+class TokenData:
+    """Train and validation token streams and the deterministic batch sampler.
+
+    Each split is a list of 1-D arrays (uint8 bytes or uint16 tokens, often
+    memory-mapped shards). A window never crosses two arrays.
+    """
+
+    def __init__(self, train, val, source, fingerprint):
+        self.splits = {"train": train, "val": val}
+        self.source, self.fingerprint = source, fingerprint
+        self.n_tokens = {name: sum(len(a) for a in arrays) for name, arrays in self.splits.items()}
+
+    @classmethod
+    def load(cls, spec, cache_dir):
+        """spec None: the stdlib corpus (cached in cache_dir); a text file (bytes,
+        90/10 split); a folder with train.bin/val.bin; a folder of llm.c shards."""
+        if spec is None:
+            check_out_dir(cache_dir)
+            path = pathlib.Path(cache_dir) / "stdlib_corpus.txt"
+            if not path.exists():
+                text = stdlib_corpus()
+                atomic_write(path, lambda f: f.write(text))
+            return cls._from_bytes(path.read_bytes(), f"stdlib corpus ({path})")
+        path = pathlib.Path(spec)
+        if path.is_file():
+            return cls._from_bytes(path.read_bytes(), f"text file {path}")
+        if not path.is_dir():
+            raise UsageError(f"--data {spec}: no such file or folder")
+        if (path / "train.bin").is_file() and (path / "val.bin").is_file():
+            train, val = [read_bin(path / "train.bin")], [read_bin(path / "val.bin")]
+        else:
+            train, val = sorted(path.glob("*_train_*.bin")), sorted(path.glob("*_val_*.bin"))
+            if not train or not val:
+                raise UsageError(f"--data {spec}: the folder has neither train.bin/val.bin nor "
+                                 "*_train_*.bin/*_val_*.bin shards")
+            train, val = [read_shard(p) for p in train], [read_shard(p) for p in val]
+        files = sorted(path.glob("*.bin"))
+        fingerprint = hashlib.sha256(json.dumps([(p.name, p.stat().st_size) for p in files]).encode()).hexdigest()
+        return cls(train, val, f"token files in {path}", fingerprint[:16])
+
+    @classmethod
+    def _from_bytes(cls, raw, source):
+        if not raw:
+            raise UsageError(f"{source} is empty")
+        data = np.frombuffer(raw, dtype=np.uint8)
+        n_train = int(0.9 * len(data))
+        return cls([data[:n_train]], [data[n_train:]], source, hashlib.sha256(raw).hexdigest()[:16])
+
+    def check(self, block_size, vocab_size):
+        """UsageError if a split is shorter than one block or the validation data
+        holds a token id >= vocab_size (training batches are checked as drawn)."""
+        for name, arrays in self.splits.items():
+            if max((len(a) for a in arrays), default=0) < block_size + 1:
+                raise UsageError(f"{self.source}: the {name} split has no {block_size + 1} consecutive tokens "
+                                 f"(one block + 1); use more data or a smaller --block_size")
+        top = max(int(a.max()) for a in self.splits["val"] if len(a))
+        if top >= vocab_size:
+            raise UsageError(f"{self.source}: token id {top} >= vocab_size {vocab_size}; "
+                             f"pass --vocab_size {top + 1} or more (GPT-2 tokens: 50304)")
+
+    def batch(self, split, step, batch_size, block_size, seed):
+        """Inputs and next-token targets, (batch_size, block_size) int64 each, on CPU.
+
+        A pure function of (split, step, seed): every run and every process
+        draws the same windows at the same step, and resuming needs no state.
+        """
+        arrays = self.splits[split]
+        starts = np.array([max(len(a) - block_size, 0) for a in arrays])  # valid window starts per array
+        gen = torch.Generator().manual_seed(seed * 1_000_003 + step * 2 + (split == "val"))
+        u = torch.randint(int(starts.sum()), (batch_size,), generator=gen).numpy()
+        which = np.searchsorted(np.cumsum(starts), u, side="right")
+        offsets = u - (np.cumsum(starts) - starts)[which]
+        rows = np.stack([arrays[w][o:o + block_size + 1] for w, o in zip(which, offsets)]).astype(np.int64)
+        rows = torch.from_numpy(rows)
+        return rows[:, :-1], rows[:, 1:]
+
+
+# ----------------------------------------------------------------------------
+# Training
+
+
+@dataclasses.dataclass
+class Context:
+    """Where and how we compute: device, autocast, and the torchrun process group."""
+
+    device: torch.device
+    dtype: torch.dtype
+    rank: int = 0
+    world_size: int = 1
+
+    @property
+    def master(self):
+        return self.rank == 0
+
+    def autocast(self):
+        if self.dtype == torch.float32:
+            return nullcontext()
+        return torch.autocast(self.device.type, dtype=self.dtype)
+
+    def all_mean(self, value):
+        """Mean of a float over processes."""
+        if self.world_size == 1:
+            return value
+        t = torch.tensor([value], dtype=torch.float64, device=self.device)
+        dist.all_reduce(t)
+        return t.item() / self.world_size
+
+
+def setup_context(args):
+    """Device, dtype and, under torchrun (RANK/WORLD_SIZE set), the process group."""
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    if args.batch_size % (world * args.grad_accum):
+        raise UsageError(f"--batch_size {args.batch_size} is not divisible by {world} process(es) x "
+                         f"--grad_accum {args.grad_accum}; pick a multiple")
+    if args.device not in (None, "cpu", "cuda") and not args.device.startswith("cuda:"):
+        raise UsageError(f"--device {args.device}: use cpu or cuda")
+    if args.device and args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise UsageError(f"--device {args.device} but CUDA is not available here; use --device cpu")
+    device_type = args.device.split(":")[0] if args.device else ("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = getattr(torch, args.dtype or ("bfloat16" if device_type == "cuda" else "float32"))
+    if "RANK" not in os.environ:
+        return Context(torch.device(args.device or device_type), dtype)
+    rank, local = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
+    if device_type == "cuda":
+        torch.cuda.set_device(local)
+    dist.init_process_group("nccl" if device_type == "cuda" else "gloo")
+    return Context(torch.device(f"cuda:{local}" if device_type == "cuda" else "cpu"), dtype, rank, world)
+
+
+def lr_at(step, args):
+    """Linear warmup, then cosine decay to 0.1 x peak at max_iters (SPEC.md)."""
+    peak = args.learning_rate
+    if step < args.warmup_iters:
+        return peak * (step + 1) / args.warmup_iters
+    progress = min(1.0, (step - args.warmup_iters) / max(1, args.max_iters - args.warmup_iters))
+    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def make_optimizer(model, args):
+    """AdamW, betas (0.9, 0.95); weight decay on matrices only, not on norms."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": args.weight_decay},
+              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=args.learning_rate, betas=(0.9, 0.95))
+
+
+def run_spec(args, config, data):
+    """What a run is: resuming under any other spec is refused."""
+    train = {k: getattr(args, k) for k in ("preset", "max_iters", "batch_size", "grad_accum", "learning_rate",
+                                           "warmup_iters", "weight_decay", "grad_clip", "eval_interval",
+                                           "eval_iters", "seed")}
+    return {"model": dataclasses.asdict(config), "train": train,
+            "data": {"source": data.source, "fingerprint": data.fingerprint}}
+
+
+def spec_difference(saved, current, prefix=""):
+    """The first differing key of two nested dicts, as 'key: saved -> current', or None."""
+    for key in sorted(set(saved) | set(current)):
+        a, b = saved.get(key), current.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            diff = spec_difference(a, b, f"{prefix}{key}.")
+            if diff:
+                return diff
+        elif a != b:
+            return f"{prefix}{key}: {a!r} -> {b!r}"
+    return None
+
+
+def rng_state():
+    state = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    mt, keys, pos, has_gauss, cached = np.random.get_state()
+    state["numpy"] = (mt, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached)
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state):
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    mt, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((mt, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def load_checkpoint(path, spec):
+    """The checkpoint at path (weights_only: it cannot run code), if it matches spec."""
+    ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    diff = spec_difference(ckpt["spec"], spec)
+    if diff:
+        raise UsageError(f"cannot resume {path}: it was trained with a different setup ({diff}); "
+                         "use another --out_dir or drop --resume to start over")
+    return ckpt
+
+
+def read_metrics(path, up_to_iter):
+    """Evaluations in metrics.jsonl up to an iteration; a line cut by a kill is dropped."""
+    rows = []
+    if path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if row["iter"] <= up_to_iter:
+                rows.append(row)
+    return rows
+
+
+@torch.no_grad()
+def evaluate(model, data, args, ctx, block_size):
+    """Mean loss on the fixed validation batches 0..eval_iters-1, shared by every run."""
+    model.eval()
+    local = args.batch_size // ctx.world_size
+    total = 0.0
+    for k in range(args.eval_iters):
+        x, y = data.batch("val", k, args.batch_size, block_size, args.seed)
+        x, y = x[ctx.rank * local:(ctx.rank + 1) * local], y[ctx.rank * local:(ctx.rank + 1) * local]
+        with ctx.autocast():
+            _, loss = model(x.to(ctx.device), y.to(ctx.device))
+        total += loss.item()
+    model.train()
+    return ctx.all_mean(total / args.eval_iters)
+
+
+def train_run(args, variant, double_heads, data, ctx, log):
+    """Train (or resume, or skip if finished) one run; returns its last evaluation."""
+    name = run_name(variant, double_heads)
+    config = model_config(args, variant, double_heads)
+    spec = run_spec(args, config, data)
+    run_dir = pathlib.Path(args.out_dir) / name
+    ckpt_path, metrics_path = run_dir / "ckpt.pt", run_dir / "metrics.jsonl"
+
+    torch.manual_seed(args.seed)  # same init for every process and every resume
+    model = gla.GPT(config).to(ctx.device)
+    optimizer = make_optimizer(model, args)
+    step, elapsed, loss_sum, loss_count, rows = 0, 0.0, 0.0, 0, []
+    if args.resume and ckpt_path.exists():
+        ckpt = load_checkpoint(ckpt_path, spec)
+        model.load_state_dict(ckpt["model"])
+        optimizer.load_state_dict(ckpt["optimizer"])
+        set_rng_state(ckpt["rng"])
+        step, elapsed = ckpt["iter"], ckpt["elapsed_s"]
+        loss_sum, loss_count = ckpt["train_loss_sum"], ckpt["train_loss_count"]
+        rows = read_metrics(metrics_path, step)
+        if step >= args.max_iters:
+            log(f"{name}: finished at iteration {step}, skipped")
+            return rows[-1] if rows else None
+        log(f"{name}: resuming at iteration {step}")
+    if ctx.master:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write(run_dir / "config.json", lambda f: f.write(json.dumps(spec, indent=2).encode()))
+        # Rewrite the metrics so they end exactly at the checkpoint: a resume neither
+        # repeats nor loses an evaluation.
+        atomic_write(metrics_path, lambda f: f.write("".join(json.dumps(r) + "\n" for r in rows).encode()))
+        log(f"{name}: {model.num_params():,} parameters, n_head {config.n_head}, ffn_hidden {config.ffn_hidden}, "
+            f"KV cache {gla.kv_cache_elems_per_token_per_layer(config)} elements/token/layer")
+
+    train_model = torch.compile(model) if args.compile else model
+    if ctx.world_size > 1:
+        train_model = DDP(train_model, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
+    local = args.batch_size // ctx.world_size
+    micro = local // args.grad_accum
+    tokens_per_step = args.batch_size * config.block_size
+
+    def save(step):
+        if ctx.master:
+            ckpt = dict(model=model.state_dict(), optimizer=optimizer.state_dict(), iter=step,
+                        tokens=step * tokens_per_step, elapsed_s=elapsed, train_loss_sum=loss_sum,
+                        train_loss_count=loss_count, rng=rng_state(), spec=spec)
+            atomic_write(ckpt_path, lambda f: torch.save(ckpt, f))
+
+    bar = tqdm(total=args.max_iters, initial=step, desc=name, disable=not ctx.master, leave=False,
+               dynamic_ncols=True)
+    t0 = time.time() - elapsed
+    while step < args.max_iters:
+        lr = lr_at(step, args)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        x, y = data.batch("train", step, args.batch_size, config.block_size, args.seed)
+        if int(x.max()) >= config.vocab_size or int(y.max()) >= config.vocab_size:
+            raise UsageError(f"{data.source}: token id {max(int(x.max()), int(y.max()))} >= vocab_size "
+                             f"{config.vocab_size} in training batch {step}; pass a larger --vocab_size")
+        x, y = x[ctx.rank * local:(ctx.rank + 1) * local], y[ctx.rank * local:(ctx.rank + 1) * local]
+        step_loss = 0.0
+        for m in range(args.grad_accum):
+            xb, yb = x[m * micro:(m + 1) * micro].to(ctx.device), y[m * micro:(m + 1) * micro].to(ctx.device)
+            sync = m == args.grad_accum - 1 or ctx.world_size == 1
+            with ctx.autocast(), (nullcontext() if sync else train_model.no_sync()):
+                _, loss = train_model(xb, yb)
+                (loss / args.grad_accum).backward()
+            step_loss += loss.item() / args.grad_accum
+        step_loss = ctx.all_mean(step_loss)
+        if not math.isfinite(step_loss):
+            raise Diverged(f"{name}: loss is {step_loss} at iteration {step}; stopped, the last good "
+                           f"checkpoint is kept at {ckpt_path}" + ("" if ckpt_path.exists() else " (none yet)"))
+        torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        step += 1
+        loss_sum, loss_count = loss_sum + step_loss, loss_count + 1
+        bar.update(1)
+        bar.set_postfix(loss=f"{step_loss:.3f}", tok_s=f"{step * tokens_per_step / (time.time() - t0):.0f}")
+
+        if step % args.eval_interval == 0 or step == args.max_iters:
+            val_loss = evaluate(model, data, args, ctx, config.block_size)
+            elapsed = time.time() - t0
+            row = dict(iter=step, tokens=step * tokens_per_step, train_loss=loss_sum / loss_count,
+                       val_loss=val_loss, lr=lr, elapsed_s=round(elapsed, 3),
+                       tokens_per_s=round(step * tokens_per_step / elapsed, 1))
+            loss_sum, loss_count = 0.0, 0
+            rows.append(row)
+            if ctx.master:
+                with open(metrics_path, "a") as f:
+                    f.write(json.dumps(row) + "\n")
+                bar.write(f"{name} iter {step}: train {row['train_loss']:.4f} val {val_loss:.4f}")
+        if step % args.ckpt_interval == 0 or step == args.max_iters:
+            elapsed = time.time() - t0
+            save(step)
+    bar.close()
+    return rows[-1] if rows else None
+
+
+def check_out_dir(out_dir):
+    """UsageError unless out_dir is (or can become) a writable folder."""
+    path = pathlib.Path(out_dir)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=path).close()
+    except OSError as e:
+        raise UsageError(f"--out_dir {out_dir} is not a writable folder ({e.strerror}); choose another") from None
+
+
+def main(argv=None):
+    args = get_args(argv)
+    runs = runs_of(args)
+    configs = [model_config(args, v, d) for v, d in runs]  # ConfigError before anything is written
+    if args.dry_run:
+        for (v, d), config in zip(runs, configs):
+            print(json.dumps(summary(config, v, d, args.preset)))
+        return 0
+    ctx = setup_context(args)
+    log = tqdm.write if ctx.master else (lambda msg: None)
+    # Every process checks and loads the same data (the corpus cache is written
+    # atomically, so concurrent builds are safe): a bad input stops all of them alike.
+    data = TokenData.load(args.data, args.out_dir)
+    for config in configs:
+        data.check(config.block_size, config.vocab_size)
+    check_out_dir(args.out_dir)
+    log(f"data: {data.source}, {data.n_tokens['train']:,} train / {data.n_tokens['val']:,} val tokens, "
+        f"sha256 {data.fingerprint}; {ctx.world_size} process(es) on {ctx.device}, {args.dtype or ctx.dtype}")
+
+    results = {}
+    for variant, double_heads in tqdm(runs, desc="ablation", disable=not ctx.master or len(runs) == 1):
+        last = train_run(args, variant, double_heads, data, ctx, log)
+        results[run_name(variant, double_heads)] = last
+    for name, last in results.items():
+        if last:
+            log(f"{name}: final val loss {last['val_loss']:.4f} after {last['tokens']:,} tokens")
+    if ctx.world_size > 1:
+        dist.destroy_process_group()
+    return 0
+
+
+def cli(argv=None):
+    """main() with bad input reported as one line on stderr: exit status 2 for
+    usage and data errors, 1 for a diverged run."""
+    try:
+        return main(argv)
+    except (UsageError, gla.ConfigError) as e:
+        print(f"train.py: error: {e}", file=sys.stderr)
+        return 2
+    except Diverged as e:
+        print(f"train.py: error: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(cli())

@@ -544,3 +544,264 @@ def test_cli_subprocess_end_to_end(tmp_path):
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
     assert len(bad.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "x.png").exists()
+
+
+# ----------------------------------------------------------------------------
+# train.py: data, training, resume, bad input, torchrun
+
+FAST = ["--max_iters", "30", "--batch_size", "8", "--block_size", "64", "--eval_interval", "10",
+        "--eval_iters", "2", "--warmup_iters", "5"]
+
+
+@pytest.fixture(scope="session")
+def corpus(tmp_path_factory):
+    """The default stdlib corpus, built once per session (~5 s)."""
+    d = tmp_path_factory.mktemp("corpus")
+    data = train.TokenData.load(None, d)
+    assert data.n_tokens["train"] > 1_000_000 and data.n_tokens["val"] > 100_000
+    return d / "stdlib_corpus.txt"
+
+
+@pytest.fixture
+def text_file(tmp_path, corpus):
+    path = tmp_path / "text.txt"
+    path.write_bytes(corpus.read_bytes()[:100_000])
+    return path
+
+
+def metrics(out_dir, run):
+    return [json.loads(line) for line in (out_dir / run / "metrics.jsonl").read_text().splitlines()]
+
+
+def strip_timing(rows):
+    return [{k: v for k, v in r.items() if k not in ("elapsed_s", "tokens_per_s")} for r in rows]
+
+
+def test_training_on_default_corpus_lowers_val_loss(tmp_path, corpus, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    shutil.copy(corpus, out / "stdlib_corpus.txt")
+    argv = ["--attn", "gla2", "--double_heads", "--out_dir", str(out), "--max_iters", "60", "--batch_size", "8",
+            "--block_size", "64", "--eval_interval", "20", "--eval_iters", "4", "--warmup_iters", "5"]
+    assert train.cli(argv) == 0
+    assert "stdlib corpus" in capsys.readouterr().out
+    rows = metrics(out, "gla2_double_heads")
+    assert [r["iter"] for r in rows] == [20, 40, 60]
+    assert [r["tokens"] for r in rows] == [20 * 8 * 64, 40 * 8 * 64, 60 * 8 * 64]
+    assert {"iter", "tokens", "train_loss", "val_loss", "lr", "elapsed_s"} <= set(rows[0])
+    assert rows[-1]["val_loss"] < rows[0]["val_loss"] - 0.2
+    spec = json.loads((out / "gla2_double_heads" / "config.json").read_text())
+    assert spec["model"]["n_head"] == 16 and spec["model"]["n_latent_heads"] == 2
+    ckpt = torch.load(out / "gla2_double_heads" / "ckpt.pt", weights_only=True)
+    assert ckpt["iter"] == 60 and {"model", "optimizer", "rng", "spec"} <= set(ckpt)
+    model = gla.GPT(gla.GPTConfig(**ckpt["spec"]["model"]))
+    model.load_state_dict(ckpt["model"])
+
+
+def test_batches_are_a_function_of_seed_and_step(text_file):
+    data = train.TokenData.load(str(text_file), None)
+    a = data.batch("train", 7, 4, 32, seed=1)
+    assert torch.equal(a[0], data.batch("train", 7, 4, 32, seed=1)[0])
+    assert not torch.equal(a[0], data.batch("train", 8, 4, 32, seed=1)[0])
+    assert not torch.equal(a[0], data.batch("val", 7, 4, 32, seed=1)[0])
+    assert torch.equal(a[0][:, 1:], a[1][:, :-1])  # targets are the inputs shifted by one
+    raw = text_file.read_bytes()
+    window = bytes(a[0][0].tolist())
+    assert window in raw[: int(0.9 * len(raw))]  # train windows come from the train split
+
+
+def test_attn_all_trains_six_runs_on_equal_data_then_plot_and_resume_skips(tmp_path, text_file, capsys):
+    out = tmp_path / "out"
+    argv = ["--attn", "all", "--out_dir", str(out), "--data", str(text_file), *FAST]
+    assert train.cli(argv) == 0
+    runs = ["gqa", "gqa_double_heads", "mla", "mla_double_heads", "gla2", "gla2_double_heads"]
+    for run in runs:
+        assert [r["iter"] for r in metrics(out, run)] == [10, 20, 30]
+    before = {run: (out / run / "metrics.jsonl").read_text() for run in runs}
+    capsys.readouterr()
+    assert train.cli(argv + ["--resume"]) == 0
+    assert capsys.readouterr().out.count("skipped") == 6
+    assert before == {run: (out / run / "metrics.jsonl").read_text() for run in runs}
+    png = tmp_path / "fig.png"
+    assert plot.main(["--out_dir", str(out), "--output", str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    rows = list(csv_rows(png.with_suffix(".csv")))
+    assert {r["variant"] for r in rows} == {"GQA", "MLA", "GLA-2"}
+
+
+def csv_rows(path):
+    import csv
+
+    with open(path) as f:
+        yield from csv.DictReader(f)
+
+
+def one_line_error(err):
+    """One error line (progress bars aside, which tqdm draws with carriage returns)."""
+    lines = [line for line in err.splitlines() if "error" in line]
+    return len(lines) == 1 and lines[0].startswith("train.py: error:") and "Traceback" not in err
+
+
+def write_tokens(path, tokens, header=None):
+    with open(path, "wb") as f:
+        if header is not None:
+            f.write(np.asarray(header + [0] * (256 - len(header)), dtype=np.int32).tobytes())
+        f.write(np.asarray(tokens, dtype=np.uint16).tobytes())
+
+
+def bad_inputs(tmp_path):
+    """argv -> the words the error must contain."""
+    (tmp_path / "empty.txt").write_bytes(b"")
+    (tmp_path / "short.txt").write_bytes(b"too short for a block")
+    odd = tmp_path / "odd"
+    odd.mkdir()
+    (odd / "train.bin").write_bytes(b"\x00" * 1001)
+    (odd / "val.bin").write_bytes(b"\x00" * 1000)
+    big = tmp_path / "big"
+    big.mkdir()
+    write_tokens(big / "train.bin", [1000] * 600)
+    write_tokens(big / "val.bin", [7] * 600)
+    (tmp_path / "a_file").write_text("x")
+    for name, header, n in [("magic", [123, 1, 600], 600), ("version", [20240520, 2, 600], 600),
+                            ("length", [20240520, 1, 900], 600)]:
+        d = tmp_path / name
+        d.mkdir()
+        write_tokens(d / "fw_train_000001.bin", [1] * n, header)
+        write_tokens(d / "fw_val_000000.bin", [1] * 600, [20240520, 1, 600])
+    cases = {
+        ("--attn", "foo"): "invalid choice",
+        ("--preset", "huge"): "invalid choice",
+        ("--attn", "gla2", "--n_head", "5"): "GLA-2 cannot split n_head=5",
+        ("--attn", "gqa", "--n_head", "6", "--n_kv_head", "4"): "n_kv_head=4",
+        ("--data", str(tmp_path / "missing.txt")): "no such file",
+        ("--data", str(tmp_path / "empty.txt")): "empty",
+        ("--data", str(tmp_path / "short.txt")): "one block",
+        ("--data", str(odd)): "whole number of uint16",
+        ("--data", str(big)): "token id 1000 >= vocab_size 256",
+        ("--data", str(tmp_path / "magic")): "magic",
+        ("--data", str(tmp_path / "version")): "version 2",
+        ("--data", str(tmp_path / "length")): "truncated",
+        ("--max_iters", "0"): "--max_iters must be positive",
+        ("--batch_size", "-2"): "--batch_size must be positive",
+        ("--block_size", "0"): "--block_size must be positive",
+        ("--eval_interval", "0"): "--eval_interval must be positive",
+        ("--batch_size", "6", "--grad_accum", "4"): "not divisible",
+        ("--out_dir", str(tmp_path / "a_file" / "out")): "not a writable folder",
+    }
+    if not torch.cuda.is_available():
+        cases[("--device", "cuda")] = "CUDA is not available"
+    return cases
+
+
+def test_bad_input_one_line_error_and_nothing_written(tmp_path, text_file, capsys):
+    for argv, words in bad_inputs(tmp_path).items():
+        out = tmp_path / "runs"
+        defaults = ["--max_iters", "30", "--data", str(text_file), "--out_dir", str(out)]
+        argv = [*defaults, *argv]  # later flags win: the bad value is the one parsed
+        assert train.cli(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert one_line_error(err), (argv, err)
+        assert words in err, (argv, err)
+        assert not list(out.glob("*/metrics.jsonl")) and not list(out.glob("*/ckpt.pt")), argv
+
+
+def test_bad_input_from_the_command_line(tmp_path):
+    out = subprocess.run([sys.executable, "train.py", "--attn", "gla2", "--n_head", "3", "--out_dir",
+                          str(tmp_path / "o")], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and one_line_error(out.stderr), out.stderr
+    assert not (tmp_path / "o").exists()
+
+
+def test_diverging_loss_stops_and_keeps_last_good_checkpoint(tmp_path, text_file, capsys):
+    out = tmp_path / "out"
+    argv = ["--out_dir", str(out), "--data", str(text_file), "--learning_rate", "1e30", "--warmup_iters", "0",
+            "--ckpt_interval", "1", "--max_iters", "20", "--batch_size", "4", "--block_size", "32"]
+    assert train.cli(argv) == 1
+    err = capsys.readouterr().err
+    assert one_line_error(err) and "at iteration" in err, err
+    failed_at = int(err.split("at iteration ")[1].split(";")[0])
+    ckpt = torch.load(out / "gqa" / "ckpt.pt", weights_only=True)
+    assert 0 < ckpt["iter"] <= failed_at  # saved before the failure, and kept
+    assert all(torch.isfinite(v).all() for v in ckpt["model"].values())
+
+
+def test_atomic_write_keeps_old_file_when_interrupted(tmp_path):
+    path = tmp_path / "ckpt.pt"
+    path.write_bytes(b"old")
+
+    def broken(f):
+        f.write(b"half of the new")
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        train.atomic_write(path, broken)
+    assert path.read_bytes() == b"old" and os.listdir(tmp_path) == ["ckpt.pt"]
+
+
+def test_sigkill_then_resume_gives_identical_metrics(tmp_path, text_file):
+    args = ["--attn", "mla", "--data", str(text_file), "--max_iters", "80", "--batch_size", "8", "--block_size", "64",
+            "--eval_interval", "7", "--eval_iters", "2", "--ckpt_interval", "10", "--warmup_iters", "5"]
+    assert train.cli([*args, "--out_dir", str(tmp_path / "ref")]) == 0
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen([sys.executable, "train.py", *args, "--out_dir", str(killed)], cwd=REPO,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while not (killed / "mla" / "ckpt.pt").exists() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.02)
+    time.sleep(0.1)  # somewhere between checkpoints
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    ckpt = torch.load(killed / "mla" / "ckpt.pt", weights_only=True)
+    assert 0 < ckpt["iter"] < 80, "the run finished before it was killed; the test proves nothing"
+    assert train.cli([*args, "--out_dir", str(killed), "--resume"]) == 0
+    ref, resumed = metrics(tmp_path / "ref", "mla"), metrics(killed, "mla")
+    assert [r["iter"] for r in resumed] == [r["iter"] for r in ref]  # none lost, none repeated
+    assert strip_timing(resumed) == strip_timing(ref)  # bit-identical losses on CPU
+
+
+def test_resume_refuses_a_different_setup(tmp_path, text_file, capsys):
+    out = tmp_path / "out"
+    base = ["--attn", "gqa", "--out_dir", str(out), "--data", str(text_file), *FAST]
+    assert train.cli(base) == 0
+    capsys.readouterr()
+    assert train.cli([*base, "--resume", "--n_head", "4"]) == 2
+    err = capsys.readouterr().err
+    assert one_line_error(err) and "model.n_head: 8 -> 4" in err, err
+    other = tmp_path / "other.txt"
+    other.write_bytes(text_file.read_bytes()[::-1])
+    assert train.cli([*base, "--resume", "--data", str(other)]) == 2
+    assert "data." in capsys.readouterr().err
+
+
+def test_llm_c_shards_are_read_in_sequence(tmp_path):
+    d = tmp_path / "fineweb"
+    d.mkdir()
+    for i in range(3):  # shard i holds tokens 100 i .. 100 i + 49: a window shows its shard
+        write_tokens(d / f"fw_train_{i:06d}.bin", 100 * i + np.arange(500) % 50, [20240520, 1, 500])
+    write_tokens(d / "fw_val_000000.bin", 7 + np.arange(300) % 3, [20240520, 1, 300])
+    data = train.TokenData.load(str(d), None)
+    data.check(block_size=32, vocab_size=50304)
+    assert data.n_tokens == {"train": 1500, "val": 300}
+    x, y = data.batch("train", 0, 64, 32, seed=0)
+    shard = x // 100
+    assert (shard == shard[:, :1]).all()  # no window crosses two shards
+    assert set(shard[:, 0].tolist()) == {0, 1, 2}  # all shards are used
+    assert ((y - x) % 50 == 1).all()
+
+
+def test_torchrun_two_processes_match_one(tmp_path, text_file):
+    args = ["train.py", "--attn", "gla2", "--data", str(text_file), "--max_iters", "20", "--batch_size", "8",
+            "--block_size", "32", "--eval_interval", "10", "--eval_iters", "2", "--warmup_iters", "2"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    one = subprocess.run([sys.executable, *args, "--out_dir", str(tmp_path / "one")], cwd=REPO, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert one.returncode == 0, one.stderr[-2000:]
+    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *args,
+                          "--out_dir", str(tmp_path / "two")], cwd=REPO, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert two.returncode == 0, two.stderr[-2000:]
+    a, b = metrics(tmp_path / "one", "gla2"), metrics(tmp_path / "two", "gla2")
+    assert [r["iter"] for r in b] == [10, 20]  # written once, by rank 0
+    for r1, r2 in zip(a, b):
+        assert abs(r1["train_loss"] - r2["train_loss"]) < 1e-5 and abs(r1["val_loss"] - r2["val_loss"]) < 1e-5
+    assert two.stdout.count("final val loss") == 1  # only rank 0 prints

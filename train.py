@@ -45,7 +45,7 @@ MODEL_FLAGS = ("block_size", "vocab_size", "n_head", "n_kv_head")  # override th
 SHARD_MAGIC, SHARD_VERSION, SHARD_HEADER_INTS = 20240520, 1, 256
 # Training defaults per preset; paper = SPEC.md (60 sequences x 8 GPUs, 100k iterations, ~98B tokens).
 TRAIN_DEFAULTS = {
-    "tiny": dict(max_iters=300, batch_size=16, learning_rate=2e-3, warmup_iters=30,
+    "tiny": dict(max_iters=400, batch_size=16, learning_rate=1e-3, warmup_iters=40,
                  eval_interval=25, eval_iters=8, ckpt_interval=100),
     "small": dict(max_iters=10000, batch_size=64, learning_rate=6e-4, warmup_iters=500,
                   eval_interval=250, eval_iters=20, ckpt_interval=1000),
@@ -253,16 +253,17 @@ class TokenData:
         return cls([data[:n_train]], [data[n_train:]], source, hashlib.sha256(raw).hexdigest()[:16])
 
     def check(self, block_size, vocab_size):
-        """UsageError if a split is shorter than one block or the validation data
-        holds a token id >= vocab_size (training batches are checked as drawn)."""
+        """UsageError if a split is shorter than one block + 1 or holds a token id >=
+        vocab_size. We scan every token once (memory-mapped shards stream from disk,
+        ~10 s for 10B tokens) so that bad data stops us before anything is written."""
         for name, arrays in self.splits.items():
             if max((len(a) for a in arrays), default=0) < block_size + 1:
                 raise UsageError(f"{self.source}: the {name} split has no {block_size + 1} consecutive tokens "
                                  f"(one block + 1); use more data or a smaller --block_size")
-        top = max(int(a.max()) for a in self.splits["val"] if len(a))
-        if top >= vocab_size:
-            raise UsageError(f"{self.source}: token id {top} >= vocab_size {vocab_size}; "
-                             f"pass --vocab_size {top + 1} or more (GPT-2 tokens: 50304)")
+            top = max(int(a.max()) for a in arrays if len(a))
+            if top >= vocab_size:
+                raise UsageError(f"{self.source}: {name} token id {top} >= vocab_size {vocab_size}; "
+                                 f"pass --vocab_size {top + 1} or more (GPT-2 tokens: 50304)")
 
     def batch(self, split, step, batch_size, block_size, seed):
         """Inputs and next-token targets, (batch_size, block_size) int64 each, on CPU.
@@ -359,17 +360,16 @@ def run_spec(args, config, data):
             "data": {"source": data.source, "fingerprint": data.fingerprint}}
 
 
-def spec_difference(saved, current, prefix=""):
-    """The first differing key of two nested dicts, as 'key: saved -> current', or None."""
+def spec_differences(saved, current, prefix=""):
+    """Every differing key of two nested dicts, as 'key: saved -> current'."""
+    diffs = []
     for key in sorted(set(saved) | set(current)):
         a, b = saved.get(key), current.get(key)
         if isinstance(a, dict) and isinstance(b, dict):
-            diff = spec_difference(a, b, f"{prefix}{key}.")
-            if diff:
-                return diff
+            diffs += spec_differences(a, b, f"{prefix}{key}.")
         elif a != b:
-            return f"{prefix}{key}: {a!r} -> {b!r}"
-    return None
+            diffs.append(f"{prefix}{key}: {a!r} -> {b!r}")
+    return diffs
 
 
 def rng_state():
@@ -393,9 +393,9 @@ def set_rng_state(state):
 def load_checkpoint(path, spec):
     """The checkpoint at path (weights_only: it cannot run code), if it matches spec."""
     ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    diff = spec_difference(ckpt["spec"], spec)
-    if diff:
-        raise UsageError(f"cannot resume {path}: it was trained with a different setup ({diff}); "
+    diffs = spec_differences(ckpt["spec"], spec)
+    if diffs:
+        raise UsageError(f"cannot resume {path}: it was trained with a different setup ({', '.join(diffs)}); "
                          "use another --out_dir or drop --resume to start over")
     return ckpt
 
@@ -470,7 +470,15 @@ def train_run(args, variant, double_heads, data, ctx, log):
     micro = local // args.grad_accum
     tokens_per_step = args.batch_size * config.block_size
 
+    def diverged(what):
+        raise Diverged(f"{name}: {what} at iteration {step}; stopped, the last good checkpoint is kept at "
+                       f"{ckpt_path}" + ("" if ckpt_path.exists() else " (none yet)"))
+
     def save(step):
+        # A finite loss can still be followed by an update that overflows the weights:
+        # we never let such a state replace the last good checkpoint.
+        if not all(torch.isfinite(p).all() for p in model.parameters()):
+            diverged("non-finite weights")
         if ctx.master:
             ckpt = dict(model=model.state_dict(), optimizer=optimizer.state_dict(), iter=step,
                         tokens=step * tokens_per_step, elapsed_s=elapsed, train_loss_sum=loss_sum,
@@ -480,51 +488,49 @@ def train_run(args, variant, double_heads, data, ctx, log):
     bar = tqdm(total=args.max_iters, initial=step, desc=name, disable=not ctx.master, leave=False,
                dynamic_ncols=True)
     t0 = time.time() - elapsed
-    while step < args.max_iters:
-        lr = lr_at(step, args)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        x, y = data.batch("train", step, args.batch_size, config.block_size, args.seed)
-        if int(x.max()) >= config.vocab_size or int(y.max()) >= config.vocab_size:
-            raise UsageError(f"{data.source}: token id {max(int(x.max()), int(y.max()))} >= vocab_size "
-                             f"{config.vocab_size} in training batch {step}; pass a larger --vocab_size")
-        x, y = x[ctx.rank * local:(ctx.rank + 1) * local], y[ctx.rank * local:(ctx.rank + 1) * local]
-        step_loss = 0.0
-        for m in range(args.grad_accum):
-            xb, yb = x[m * micro:(m + 1) * micro].to(ctx.device), y[m * micro:(m + 1) * micro].to(ctx.device)
-            sync = m == args.grad_accum - 1 or ctx.world_size == 1
-            with ctx.autocast(), (nullcontext() if sync else train_model.no_sync()):
-                _, loss = train_model(xb, yb)
-                (loss / args.grad_accum).backward()
-            step_loss += loss.item() / args.grad_accum
-        step_loss = ctx.all_mean(step_loss)
-        if not math.isfinite(step_loss):
-            raise Diverged(f"{name}: loss is {step_loss} at iteration {step}; stopped, the last good "
-                           f"checkpoint is kept at {ckpt_path}" + ("" if ckpt_path.exists() else " (none yet)"))
-        torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        step += 1
-        loss_sum, loss_count = loss_sum + step_loss, loss_count + 1
-        bar.update(1)
-        bar.set_postfix(loss=f"{step_loss:.3f}", tok_s=f"{step * tokens_per_step / (time.time() - t0):.0f}")
+    try:
+        while step < args.max_iters:
+            lr = lr_at(step, args)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            x, y = data.batch("train", step, args.batch_size, config.block_size, args.seed)
+            x, y = x[ctx.rank * local:(ctx.rank + 1) * local], y[ctx.rank * local:(ctx.rank + 1) * local]
+            step_loss = 0.0
+            for m in range(args.grad_accum):
+                xb, yb = x[m * micro:(m + 1) * micro].to(ctx.device), y[m * micro:(m + 1) * micro].to(ctx.device)
+                sync = m == args.grad_accum - 1 or ctx.world_size == 1
+                with ctx.autocast(), (nullcontext() if sync else train_model.no_sync()):
+                    _, loss = train_model(xb, yb)
+                    (loss / args.grad_accum).backward()
+                step_loss += loss.item() / args.grad_accum
+            step_loss = ctx.all_mean(step_loss)
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip).item()
+            if not math.isfinite(step_loss) or not math.isfinite(grad_norm):
+                diverged(f"loss {step_loss}, gradient norm {grad_norm}")
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+            loss_sum, loss_count = loss_sum + step_loss, loss_count + 1
+            bar.update(1)
+            bar.set_postfix(loss=f"{step_loss:.3f}", tok_s=f"{step * tokens_per_step / (time.time() - t0):.0f}")
 
-        if step % args.eval_interval == 0 or step == args.max_iters:
-            val_loss = evaluate(model, data, args, ctx, config.block_size)
-            elapsed = time.time() - t0
-            row = dict(iter=step, tokens=step * tokens_per_step, train_loss=loss_sum / loss_count,
-                       val_loss=val_loss, lr=lr, elapsed_s=round(elapsed, 3),
-                       tokens_per_s=round(step * tokens_per_step / elapsed, 1))
-            loss_sum, loss_count = 0.0, 0
-            rows.append(row)
-            if ctx.master:
-                with open(metrics_path, "a") as f:
-                    f.write(json.dumps(row) + "\n")
-                bar.write(f"{name} iter {step}: train {row['train_loss']:.4f} val {val_loss:.4f}")
-        if step % args.ckpt_interval == 0 or step == args.max_iters:
-            elapsed = time.time() - t0
-            save(step)
-    bar.close()
+            if step % args.eval_interval == 0 or step == args.max_iters:
+                val_loss = evaluate(model, data, args, ctx, config.block_size)
+                elapsed = time.time() - t0
+                row = dict(iter=step, tokens=step * tokens_per_step, train_loss=loss_sum / loss_count,
+                           val_loss=val_loss, lr=lr, elapsed_s=round(elapsed, 3),
+                           tokens_per_s=round(step * tokens_per_step / elapsed, 1))
+                loss_sum, loss_count = 0.0, 0
+                rows.append(row)
+                if ctx.master:
+                    with open(metrics_path, "a") as f:
+                        f.write(json.dumps(row) + "\n")
+                    bar.write(f"{name} iter {step}: train {row['train_loss']:.4f} val {val_loss:.4f}")
+            if step % args.ckpt_interval == 0 or step == args.max_iters:
+                elapsed = time.time() - t0
+                save(step)
+    finally:
+        bar.close()  # an error message then starts on a clean line
     return rows[-1] if rows else None
 
 
@@ -551,8 +557,7 @@ def main(argv=None):
     # Every process checks and loads the same data (the corpus cache is written
     # atomically, so concurrent builds are safe): a bad input stops all of them alike.
     data = TokenData.load(args.data, args.out_dir)
-    for config in configs:
-        data.check(config.block_size, config.vocab_size)
+    data.check(max(c.block_size for c in configs), min(c.vocab_size for c in configs))
     check_out_dir(args.out_dir)
     log(f"data: {data.source}, {data.n_tokens['train']:,} train / {data.n_tokens['val']:,} val tokens, "
         f"sha256 {data.fingerprint}; {ctx.world_size} process(es) on {ctx.device}, {args.dtype or ctx.dtype}")

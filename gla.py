@@ -63,11 +63,11 @@ class GPTConfig:
     vocab_size: int = 256
     block_size: int = 128  # training sequence length; default cache capacity
     n_layer: int = 2
-    n_embd: int = 128
+    n_embd: int = 256
     n_head: int = 8
-    ffn_hidden: int = 352  # SwiGLU width; make_config derives it with swiglu_width
+    ffn_hidden: int = 808  # SwiGLU width; make_config derives it with swiglu_width
     # GQA
-    head_dim: int = 16
+    head_dim: int = 32
     n_kv_head: int = 2
     # MLA / GLA
     q_lora_rank: int = 0
@@ -185,10 +185,9 @@ def make_config(preset="tiny", variant="gqa", double_heads=False, n_head=None, n
         )
     fields["n_head"] = 2 * n_head if double_heads else n_head
     fields.update(overrides)
-    config = GPTConfig(**{**fields, "ffn_hidden": fields.get("ffn_hidden", 1)})
-    if "ffn_hidden" not in overrides:
-        config = GPTConfig(**{**fields, "ffn_hidden": swiglu_width(config)})
-    return config
+    if "ffn_hidden" not in fields:  # the width rule counts the attention only
+        fields["ffn_hidden"] = swiglu_width(GPTConfig(**fields))
+    return GPTConfig(**fields)
 
 
 # ----------------------------------------------------------------------------
@@ -249,7 +248,9 @@ class KVCache(nn.Module):
         self.v_cache[rows, pos] = v.to(self.v_cache.dtype)
         attention = decode_attention if q.is_cuda else decode_attention_ref
         seqlens = (cache_seqlens + Lq).to(torch.int32)  # the new tokens count as cached
-        return attention(q, self.k_cache, self.v_cache, seqlens, qv=qv, softmax_scale=softmax_scale)
+        dtype = self.k_cache.dtype  # queries in the cache's dtype (autocast may have made them bf16)
+        qv = None if qv is None else qv.to(dtype)
+        return attention(q.to(dtype), self.k_cache, self.v_cache, seqlens, qv=qv, softmax_scale=softmax_scale)
 
 
 # ----------------------------------------------------------------------------

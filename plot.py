@@ -142,16 +142,17 @@ def plot(curves, path):
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
     ax.yaxis.set_minor_formatter(minor)
     # Headroom above the curves so the top-left legend does not cover their start.
-    ax.set_ylim(lo / span ** 0.05, hi * span ** 0.3)
+    ax.set_ylim(lo / span ** 0.1, hi * span ** (0.3 if not extra else 0.45))
     ax.set_xlabel(f"Training tokens ({unit})" if unit else "Training tokens")
     ax.set_ylabel("Loss difference")
     ax.set_title("Double heads ablation")
     ax.grid(True, which="both", alpha=0.25)
-    ax.add_artist(ax.legend(loc="upper left", fontsize=9))
-    if extra:  # the key to the hollow markers goes in its own box, out of the way
-        ax.legend(handles=[Line2D([], [], ls="none", marker=m, ms=7, mfc="white", mec="black",
-                                  label=n) for n, m in extra.items()],
-                  loc="lower right", fontsize=8, framealpha=0.9)
+    # One legend, top left as in the paper, with the key to the hollow markers
+    # appended: a second box would sit on top of some curve's points.
+    handles, _ = ax.get_legend_handles_labels()
+    handles += [Line2D([], [], ls="none", marker=m, ms=7, mfc="white", mec="black", label=n)
+                for n, m in extra.items()]
+    ax.legend(handles=handles, loc="upper left", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=150, format="png")
     plt.close(fig)

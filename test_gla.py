@@ -76,6 +76,47 @@ def test_causal(variant):
     assert (a[:, t:] - b[:, t:]).abs().amax() > 1e-4  # and the model does depend on it
 
 
+def rotate(x, pos, theta=10000.0):
+    """RoPE written out again: pair (i, i + d/2) turns by pos * theta^(-2i/d)."""
+    d = x.shape[-1]
+    ang = pos[:, None].float() * theta ** (-torch.arange(0, d, 2).float() / d)  # (T, d/2)
+    a, b = x[..., : d // 2], x[..., d // 2:]
+    return torch.cat([a * ang.cos() - b * ang.sin(), b * ang.cos() + a * ang.sin()], -1)
+
+
+@pytest.mark.parametrize("variant", ["mla", "gla2"])
+def test_latent_attention_matches_spec_written_head_by_head(variant):
+    """SPEC.md's MLA / GLA-2 equations, one head at a time, with explicit softmax:
+    latent head j serves query heads [j H/g, (j+1) H/g), the rope key is shared."""
+    model = small_model(variant, double_heads=True)
+    attn, c = model.blocks[0].attn, model.config
+    H, g, T = c.n_head, c.n_latent_heads, 9
+    r, nope, rope = c.kv_lora_rank // g, c.qk_nope_head_dim, c.qk_rope_head_dim
+    x = torch.randn(1, T, c.n_embd)
+    pos = torch.arange(T)
+    with torch.no_grad():
+        expected = attn(x, *gla.rope_cos_sin(pos[None], rope, c.rope_theta))[0]
+        rms = lambda v, w: v / v.pow(2).mean(-1, keepdim=True).add(c.norm_eps).sqrt() * w  # noqa: E731
+        q = (rms(x[0] @ attn.wq_a.weight.T, attn.q_norm.weight) * math.sqrt(c.n_embd / c.q_lora_rank)
+             ) @ attn.wq_b.weight.T  # (T, H * (nope + rope))
+        kv = x[0] @ attn.wkv_a.weight.T
+        k_rope = rotate(kv[:, g * r:], pos)  # (T, rope): one key for every head
+        heads = []
+        for h in range(H):
+            j, k = divmod(h, H // g)
+            latent = rms(kv[:, j * r:(j + 1) * r], attn.kv_norm[j].weight) * math.sqrt(c.n_embd / r)
+            up = attn.wkv_b[j, k]  # (nope + v, r)
+            k_h = torch.cat([latent @ up[:nope].T, k_rope], -1)
+            v_h = latent @ up[nope:].T
+            q_h = q[:, h * (nope + rope):(h + 1) * (nope + rope)]
+            q_h = torch.cat([q_h[:, :nope], rotate(q_h[:, nope:], pos)], -1)
+            s = (q_h @ k_h.T) / math.sqrt(nope + rope)
+            s = s.masked_fill(torch.ones(T, T).triu(1).bool(), float("-inf"))
+            heads.append(s.softmax(-1) @ v_h)
+        got = torch.cat(heads, -1) @ attn.wo.weight.T
+    assert (got - expected).abs().max() < 1e-5
+
+
 @pytest.mark.parametrize("preset", list(gla.PRESETS))
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_double_heads_same_params_and_cache(preset, variant):
@@ -99,6 +140,7 @@ def test_width_rule_counts_every_attention_weight():
     assert c.ffn_hidden == round((12 * d * d - attn) / (3 * d) / 8) * 8
     with torch.device("meta"):
         assert sum(p.numel() for p in gla.LatentAttention(c).parameters()) == attn
+    assert gla.GPTConfig() == gla.make_config("tiny", "gqa")  # the defaults are the tiny GQA model
 
 
 def test_paper_dry_run():
@@ -136,6 +178,21 @@ def test_decode_matches_training_forward(variant):
         pieces.append(model.decode(idx[:, start:start + n], seqlens))
         seqlens += n
     assert (torch.cat(pieces, dim=1) - full).abs().max() < 1e-4
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_model_decode_through_the_triton_kernel(variant, monkeypatch):
+    """The path CUDA takes, run by the Triton interpreter: the kernel, fed the
+    model's real cache buffers and absorbed queries, gives the forward's logits."""
+    monkeypatch.setattr(gla, "decode_attention_ref", kernels.decode_attention)
+    model = small_model(variant, double_heads=True)
+    idx = torch.randint(0, 256, (2, 12))
+    full, _ = model(idx)
+    model.setup_cache(2, 12)
+    seqlens = torch.zeros(2, dtype=torch.int32)
+    prefill = model.decode(idx[:, :9], seqlens)
+    step = model.decode(idx[:, 9:], seqlens + 9)  # Lq = 3
+    assert (torch.cat([prefill, step], 1) - full).abs().max() < 1e-4
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -593,8 +650,8 @@ def test_training_on_default_corpus_lowers_val_loss(tmp_path, corpus, capsys):
     spec = json.loads((out / "gla2_double_heads" / "config.json").read_text())
     assert spec["model"]["n_head"] == 16 and spec["model"]["n_latent_heads"] == 2
     ckpt = torch.load(out / "gla2_double_heads" / "ckpt.pt", weights_only=True)
-    assert ckpt["iter"] == 60 and {"model", "optimizer", "rng", "spec"} <= set(ckpt)
-    model = gla.GPT(gla.GPTConfig(**ckpt["spec"]["model"]))
+    assert ckpt["iter"] == 60 and {"model", "optimizer", "rng", "config"} <= set(ckpt)
+    model = gla.GPT(gla.GPTConfig(**ckpt["config"]["model"]))
     model.load_state_dict(ckpt["model"])
 
 

@@ -393,7 +393,7 @@ def set_rng_state(state):
 def load_checkpoint(path, spec):
     """The checkpoint at path (weights_only: it cannot run code), if it matches spec."""
     ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    diffs = spec_differences(ckpt["spec"], spec)
+    diffs = spec_differences(ckpt["config"], spec)
     if diffs:
         raise UsageError(f"cannot resume {path}: it was trained with a different setup ({', '.join(diffs)}); "
                          "use another --out_dir or drop --resume to start over")
@@ -455,6 +455,8 @@ def train_run(args, variant, double_heads, data, ctx, log):
             return rows[-1] if rows else None
         log(f"{name}: resuming at iteration {step}")
     if ctx.master:
+        if step == 0:  # starting over: a stale checkpoint must not be resumed later
+            ckpt_path.unlink(missing_ok=True)
         run_dir.mkdir(parents=True, exist_ok=True)
         atomic_write(run_dir / "config.json", lambda f: f.write(json.dumps(spec, indent=2).encode()))
         # Rewrite the metrics so they end exactly at the checkpoint: a resume neither
@@ -482,7 +484,7 @@ def train_run(args, variant, double_heads, data, ctx, log):
         if ctx.master:
             ckpt = dict(model=model.state_dict(), optimizer=optimizer.state_dict(), iter=step,
                         tokens=step * tokens_per_step, elapsed_s=elapsed, train_loss_sum=loss_sum,
-                        train_loss_count=loss_count, rng=rng_state(), spec=spec)
+                        train_loss_count=loss_count, rng=rng_state(), config=spec)
             atomic_write(ckpt_path, lambda f: torch.save(ckpt, f))
 
     bar = tqdm(total=args.max_iters, initial=step, desc=name, disable=not ctx.master, leave=False,

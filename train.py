@@ -304,6 +304,11 @@ class Context:
             return nullcontext()
         return torch.autocast(self.device.type, dtype=self.dtype)
 
+    def local(self, batch):
+        """This process's share of a global batch (B, ...): rows [rank B/W, (rank+1) B/W)."""
+        n = batch.size(0) // self.world_size
+        return batch[self.rank * n:(self.rank + 1) * n]
+
     def all_mean(self, value):
         """Mean of a float over processes."""
         if self.world_size == 1:
@@ -418,16 +423,31 @@ def read_metrics(path, up_to_iter):
 def evaluate(model, data, args, ctx, block_size):
     """Mean loss on the fixed validation batches 0..eval_iters-1, shared by every run."""
     model.eval()
-    local = args.batch_size // ctx.world_size
     total = 0.0
     for k in range(args.eval_iters):
         x, y = data.batch("val", k, args.batch_size, block_size, args.seed)
-        x, y = x[ctx.rank * local:(ctx.rank + 1) * local], y[ctx.rank * local:(ctx.rank + 1) * local]
         with ctx.autocast():
-            _, loss = model(x.to(ctx.device), y.to(ctx.device))
+            _, loss = model(ctx.local(x).to(ctx.device), ctx.local(y).to(ctx.device))
         total += loss.item()
     model.train()
     return ctx.all_mean(total / args.eval_iters)
+
+
+def train_step(model, x, y, args, ctx):
+    """Forward and backward of this process's share of one step's batch, in
+    grad_accum micro-batches (DDP averages the gradients on the last one).
+    Returns the step's mean loss over all processes."""
+    x, y = ctx.local(x), ctx.local(y)
+    micro = x.size(0) // args.grad_accum
+    total = 0.0
+    for m in range(args.grad_accum):
+        xb, yb = x[m * micro:(m + 1) * micro].to(ctx.device), y[m * micro:(m + 1) * micro].to(ctx.device)
+        last = m == args.grad_accum - 1
+        with ctx.autocast(), (nullcontext() if last or ctx.world_size == 1 else model.no_sync()):
+            _, loss = model(xb, yb)
+            (loss / args.grad_accum).backward()
+        total += loss.item() / args.grad_accum
+    return ctx.all_mean(total)
 
 
 def train_run(args, variant, double_heads, data, ctx, log):
@@ -468,8 +488,6 @@ def train_run(args, variant, double_heads, data, ctx, log):
     train_model = torch.compile(model) if args.compile else model
     if ctx.world_size > 1:
         train_model = DDP(train_model, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
-    local = args.batch_size // ctx.world_size
-    micro = local // args.grad_accum
     tokens_per_step = args.batch_size * config.block_size
 
     def diverged(what):
@@ -496,16 +514,7 @@ def train_run(args, variant, double_heads, data, ctx, log):
             for group in optimizer.param_groups:
                 group["lr"] = lr
             x, y = data.batch("train", step, args.batch_size, config.block_size, args.seed)
-            x, y = x[ctx.rank * local:(ctx.rank + 1) * local], y[ctx.rank * local:(ctx.rank + 1) * local]
-            step_loss = 0.0
-            for m in range(args.grad_accum):
-                xb, yb = x[m * micro:(m + 1) * micro].to(ctx.device), y[m * micro:(m + 1) * micro].to(ctx.device)
-                sync = m == args.grad_accum - 1 or ctx.world_size == 1
-                with ctx.autocast(), (nullcontext() if sync else train_model.no_sync()):
-                    _, loss = train_model(xb, yb)
-                    (loss / args.grad_accum).backward()
-                step_loss += loss.item() / args.grad_accum
-            step_loss = ctx.all_mean(step_loss)
+            step_loss = train_step(train_model, x, y, args, ctx)
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip).item()
             if not math.isfinite(step_loss) or not math.isfinite(grad_norm):
                 diverged(f"loss {step_loss}, gradient norm {grad_norm}")

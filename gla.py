@@ -229,7 +229,8 @@ class KVCache(nn.Module):
     """One layer's decode cache, preallocated at max_seq_len and written in place.
 
     k_cache (B, S, Hk, Dk), v_cache (B, S, Hkv, Dv), shapes from kv_cache_shapes.
-    Static shapes (no torch.cat growth) keep decode friendly to CUDA graphs.
+    Static shapes (no torch.cat growth): decode allocates nothing per step. (The
+    capacity and cache_seqlens range checks still sync with the host once a step.)
     """
 
     def __init__(self, batch_size, max_seq_len, k_shape, v_shape, device=None, dtype=None):

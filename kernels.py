@@ -29,6 +29,7 @@ latent head. `python kernels.py --bench` reports the percentage of this floor.
 import argparse
 import math
 import sys
+from contextlib import nullcontext
 
 import torch
 
@@ -186,7 +187,7 @@ if triton is not None:
         l_i = tl.zeros([BLOCK_M], tl.float32)  # running sum of exp2(score - m_i)
         acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
         for n0 in range(start, end, BLOCK_N):
-            pos = n0 + tl.arange(0, BLOCK_N)
+            pos = (n0 + tl.arange(0, BLOCK_N)).to(tl.int64)  # pos * stride passes 2^31 at millions of tokens
             # Masking loads past seqlen matters even for V: 0 * NaN garbage would poison acc.
             pos_ok = pos < end
             k = tl.load(k_base + pos[:, None] * stride_ks + dk[None, :],
@@ -289,6 +290,7 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, qv=None, softmax_scale=
     if triton is None:
         raise RuntimeError("decode_attention needs Triton (Linux); use decode_attention_ref instead")
     max_len = _check_inputs(q, k_cache, v_cache, cache_seqlens, qv)
+    cache_seqlens = cache_seqlens.contiguous()  # the kernel reads it with unit stride
     if q.device.type != "cuda" and not isinstance(_decode_split_kernel, InterpretedFunction):
         raise ValueError("decode_attention needs CUDA tensors; on CPU use decode_attention_ref, "
                          "or set TRITON_INTERPRET=1 before importing triton")
@@ -312,21 +314,22 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, qv=None, softmax_scale=
     o_part = torch.empty(B, Lq, Hq, n_splits, Dv, dtype=torch.float32, device=q.device)
     lse_part = torch.empty(B, Lq, Hq, n_splits, dtype=torch.float32, device=q.device)
     qv_arg = q if qv is None else qv  # any tensor: HAS_QV=False never reads it
-    _decode_split_kernel[(p["n_head_blocks"], n_splits, B * Hkv)](
-        q, qv_arg, k_cache, v_cache, cache_seqlens, o_part, lse_part,
-        q.stride(0), q.stride(1), q.stride(2), qv_arg.stride(0), qv_arg.stride(1), qv_arg.stride(2),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2) if Hk == Hkv else 0,
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        scale * LOG2E, p["split_len"], n_splits, Hq, Hkv, Dk, Dv,
-        LQ=Lq, GROUP=Hq // Hkv, BLOCK_H=p["BLOCK_H"], BLOCK_M=p["BLOCK_M"], BLOCK_N=p["BLOCK_N"],
-        BLOCK_DK=p["BLOCK_DK"], BLOCK_DV=p["BLOCK_DV"], HAS_QV=qv is not None,
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # 16-bit inputs ignore it
-        num_warps=p["num_warps"], num_stages=NUM_STAGES,
-    )
-    _combine_kernel[(B * Lq * Hq,)](
-        o_part, lse_part, out, out.stride(0), out.stride(1), out.stride(2), Hq, Lq, n_splits, Dv,
-        BLOCK_S=triton.next_power_of_2(n_splits), BLOCK_D=COMBINE_BLOCK_D,
-    )
+    with torch.cuda.device(q.device) if q.is_cuda else nullcontext():  # launch on q's GPU, not the current one
+        _decode_split_kernel[(p["n_head_blocks"], n_splits, B * Hkv)](
+            q, qv_arg, k_cache, v_cache, cache_seqlens, o_part, lse_part,
+            q.stride(0), q.stride(1), q.stride(2), qv_arg.stride(0), qv_arg.stride(1), qv_arg.stride(2),
+            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2) if Hk == Hkv else 0,
+            v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+            scale * LOG2E, p["split_len"], n_splits, Hq, Hkv, Dk, Dv,
+            LQ=Lq, GROUP=Hq // Hkv, BLOCK_H=p["BLOCK_H"], BLOCK_M=p["BLOCK_M"], BLOCK_N=p["BLOCK_N"],
+            BLOCK_DK=p["BLOCK_DK"], BLOCK_DV=p["BLOCK_DV"], HAS_QV=qv is not None,
+            PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # 16-bit inputs ignore it
+            num_warps=p["num_warps"], num_stages=NUM_STAGES,
+        )
+        _combine_kernel[(B * Lq * Hq,)](
+            o_part, lse_part, out, out.stride(0), out.stride(1), out.stride(2), Hq, Lq, n_splits, Dv,
+            BLOCK_S=triton.next_power_of_2(n_splits), BLOCK_D=COMBINE_BLOCK_D,
+        )
     return out
 
 
@@ -353,7 +356,9 @@ def bench(output=None):
     # A device-to-device copy reads and writes every byte: the achievable HBM bandwidth.
     copy_bw = 2 * BENCH_COPY_BYTES / (triton.testing.do_bench(lambda: dst.copy_(src), return_mode="median") * 1e-3)
     print(f"device-to-device copy bandwidth (our floor): {copy_bw / 1e9:.0f} GB/s")
-    cols = ["shape", "B", "S", "Lq", "time_us", "MB_read", "GB_s", "pct_floor", "speedup_vs_ref", "max_abs_err"]
+    num_sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    # passes: how often each head group's cache is read (head blocks, see _plan).
+    cols = ["shape", "B", "S", "Lq", "passes", "time_us", "MB_read", "GB_s", "pct_floor", "speedup_vs_ref", "max_abs_err"]
     rows, skipped = [], []
     print("  ".join(cols))
     for name, (Hq, Hkv, Hk, Dk, Dv, use_qv) in BENCH_SHAPES.items():
@@ -379,7 +384,8 @@ def bench(output=None):
                     t_ref = triton.testing.do_bench(lambda: decode_attention_ref(q, k, v, seqlens, qv),
                                                     return_mode="median") * 1e-3
                     nbytes = cache_bytes + (q.numel() + out.numel() + (qv.numel() if use_qv else 0)) * dt.itemsize
-                    rows.append([name, B, S, Lq, f"{t * 1e6:.1f}", f"{nbytes / 1e6:.1f}", f"{nbytes / t / 1e9:.0f}",
+                    passes = _plan(B, Lq, Hq, Hkv, Dk, Dv, dt.itemsize, S, None, num_sms)["n_head_blocks"]
+                    rows.append([name, B, S, Lq, passes, f"{t * 1e6:.1f}", f"{nbytes / 1e6:.1f}", f"{nbytes / t / 1e9:.0f}",
                                  f"{100 * nbytes / copy_bw / t:.0f}", f"{t_ref / t:.1f}", f"{err:.2e}"])
                     print("  ".join(str(x) for x in rows[-1]), flush=True)
     if skipped:

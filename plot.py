@@ -1,8 +1,8 @@
 """Plot the double-heads ablation: how much doubling the query heads helps.
 
-For each attention variant (GQA, MLA, GLA-2) train.py trains a baseline with 24
-query heads and a "double heads" model with 48 query heads and the same KV cache
-(the lost parameters are taken from the MLP width). This script plots, per
+For each attention variant (GQA, MLA, GLA-2) train.py trains a baseline and a
+"double heads" model with twice the query heads (24 -> 48 at paper scale) and the
+same KV cache (the extra attention parameters are taken from the MLP width). This script plots, per
 variant, at equal training tokens t,
 
     dL(t) = L_val(baseline, t) - L_val(double heads, t)
@@ -68,17 +68,19 @@ def load_run(path):
         try:
             rec = json.loads(text)
             tokens, loss = int(rec["tokens"]), float(rec["val_loss"])
-        except (ValueError, TypeError, KeyError) as e:
+            if not 0 <= tokens < 2**63:
+                raise ValueError(f"tokens={tokens} out of range")
+        except (ValueError, TypeError, KeyError, OverflowError) as e:
             if k == len(lines) - 1 and isinstance(e, json.JSONDecodeError):
                 warn(f"warning: {fname} line {lineno} is cut off (killed run?); skipped")
                 continue
             raise PlotError(f"{fname} line {lineno}: not a metrics record ({e})") from None
-        if not math.isfinite(loss):
+        if not math.isfinite(loss) or abs(loss) > 1e6:  # 1e308 - (-1e308) would overflow dL
             n_bad += 1
             continue
         by_tokens[tokens] = dict(rec, tokens=tokens, val_loss=loss)  # last one wins
     if n_bad:
-        warn(f"warning: {path}: skipped {n_bad} evaluation(s) with NaN/inf val_loss")
+        warn(f"warning: {path}: skipped {n_bad} evaluation(s) with NaN/inf or absurd val_loss")
     return [by_tokens[t] for t in sorted(by_tokens)]
 
 

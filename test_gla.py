@@ -1,11 +1,18 @@
-"""Tests for gla.py, kernels.py, train.py and plot.py (CPU; Triton through its interpreter).
+"""Tests for gla.py, kernels.py, train.py and plot.py.
 
 python -m pytest -q    # about 2-3 minutes on 2 CPU cores
+
+Without CUDA the Triton kernels run on CPU tensors in Triton's interpreter; with
+CUDA they are compiled and test_kernel_on_cuda checks them in bf16 as well.
 """
 
 import os
 
-os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported: kernels run on the CPU
+import torch
+
+HAS_CUDA = torch.cuda.is_available()
+if not HAS_CUDA:
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede importing triton (through kernels)
 
 import importlib.util
 import json
@@ -19,7 +26,6 @@ import time
 
 import numpy as np
 import pytest
-import torch
 
 import gla
 import kernels
@@ -27,6 +33,7 @@ import plot
 import train
 
 REPO = pathlib.Path(__file__).resolve().parent
+interpreter_only = pytest.mark.skipif(HAS_CUDA, reason="CPU tensors need the interpreter; CUDA: test_kernel_on_cuda")
 VARIANTS = ["gqa", "mla", "gla2"]
 # SPEC.md: the six SwiGLU widths and the cache of the paper-scale ablation.
 PAPER_WIDTHS = {("gqa", False): 9728, ("gqa", True): 7680, ("mla", False): 9448, ("mla", True): 7320,
@@ -180,6 +187,7 @@ def test_decode_matches_training_forward(variant):
     assert (torch.cat(pieces, dim=1) - full).abs().max() < 1e-4
 
 
+@interpreter_only
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_model_decode_through_the_triton_kernel(variant, monkeypatch):
     """The path CUDA takes, run by the Triton interpreter: the kernel, fed the
@@ -291,6 +299,7 @@ def _plan(B, Lq, Hq, Hkv, Dk, Dv, dtype, max_len, num_splits=None):
     return kernels._plan(B, Lq, Hq, Hkv, Dk, Dv, elem, max_len, num_splits, kernels.DEFAULT_NUM_SMS)
 
 
+@interpreter_only
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("Lq", [1, 2, 4])
 @pytest.mark.parametrize("name", ["gqa", "mla", "gla2"])
@@ -298,6 +307,7 @@ def test_kernel_matches_reference(name, Lq, dtype):
     _check_kernel(name, Lq, dtype, splits=(None, 4))
 
 
+@interpreter_only
 @pytest.mark.parametrize("name", ["gla2_k_per_group", "mqa_shared_k", "odd_dims"])
 def test_kernel_matches_reference_other_layouts(name):
     _check_kernel(name, 2, torch.float32, splits=(None, 1, 4))
@@ -322,6 +332,31 @@ def _check_kernel(name, Lq, dtype, splits):
     assert _plan(3, Lq, Hq, Hkv, Dk, Dv, dtype, S, 4)["n_splits"] == 4
 
 
+@interpreter_only
+def test_kernel_reads_strided_cache_seqlens():
+    q, k_cache, v_cache, _, qv = _inputs(2, 40, 1, 8, 2, 1, 16, 32, True, torch.float32, [40, 5])
+    strided = torch.tensor([40, 99, 5, 99], dtype=torch.int32)[::2]  # a view with stride 2
+    torch.testing.assert_close(kernels.decode_attention(q, k_cache, v_cache, strided, qv),
+                               kernels.decode_attention_ref(q, k_cache, v_cache, strided, qv), **TOL[torch.float32])
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("name", ["gqa", "mla", "gla2"])
+def test_kernel_on_cuda(name, dtype):
+    """The compiled kernel at the paper's head counts and dims, bf16 included."""
+    Hq, Hkv, Hk, Dk, Dv, use_qv = {"gqa": (8, 1, 1, 128, 128, False), "mla": (64, 1, 1, 64, 512, True),
+                                   "gla2": (64, 2, 1, 64, 256, True)}[name]
+    for Lq in (1, 2):
+        args = _inputs(3, 3000, Lq, Hq, Hkv, Hk, Dk, Dv, use_qv, dtype, [3000, 77, 1029])
+        q, k_cache, v_cache, seqlens, qv = (None if t is None else t.cuda() for t in args)
+        out = kernels.decode_attention(q, k_cache, v_cache, seqlens, qv)
+        ref = kernels.decode_attention_ref(q, k_cache, v_cache, seqlens, qv)
+        tol = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 3e-2}[dtype]
+        torch.testing.assert_close(out.float(), ref.float(), atol=tol, rtol=tol)
+
+
+@interpreter_only
 def test_kernel_head_blocks_and_scale():
     # 24 heads x Lq 2 rows x Dv 512 exceed one tile's register budget: the group is split
     # into head blocks.
@@ -744,6 +779,12 @@ def bad_inputs(tmp_path):
         ("--eval_interval", "0"): "--eval_interval must be positive",
         ("--batch_size", "6", "--grad_accum", "4"): "not divisible",
         ("--out_dir", str(tmp_path / "a_file" / "out")): "not a writable folder",
+        ("--data", str(tmp_path / "magic" / "fw_train_000001.bin")): "pass --data",
+        ("--grad_clip", "-1"): "--grad_clip must be a positive finite number",
+        ("--learning_rate", "inf"): "--learning_rate must be a positive finite number",
+        ("--weight_decay", "nan"): "--weight_decay must be a finite number",
+        ("--seed", "-1"): "--seed must be in",
+        ("--warmup_iters", "-1"): "--warmup_iters must be zero or more",
     }
     if not torch.cuda.is_available():
         cases[("--device", "cuda")] = "CUDA is not available"
@@ -810,7 +851,9 @@ def test_sigkill_then_resume_gives_identical_metrics(tmp_path, text_file):
     proc.wait()
     ckpt = torch.load(killed / "mla" / "ckpt.pt", weights_only=True)
     assert 0 < ckpt["iter"] < 80, "the run finished before it was killed; the test proves nothing"
+    (killed / "mla" / ".ckpt.pt.x1y2").write_bytes(b"as if killed inside atomic_write")
     assert train.cli([*args, "--out_dir", str(killed), "--resume"]) == 0
+    assert not list((killed / "mla").glob(".*"))  # the stale temporary is gone
     ref, resumed = metrics(tmp_path / "ref", "mla"), metrics(killed, "mla")
     assert [r["iter"] for r in resumed] == [r["iter"] for r in ref]  # none lost, none repeated
     assert strip_timing(resumed) == strip_timing(ref)  # bit-identical losses on CPU
@@ -828,6 +871,50 @@ def test_resume_refuses_a_different_setup(tmp_path, text_file, capsys):
     other.write_bytes(text_file.read_bytes()[::-1])
     assert train.cli([*base, "--resume", "--data", str(other)]) == 2
     assert "data." in capsys.readouterr().err
+
+
+def test_corrupt_checkpoint_is_a_one_line_error(tmp_path, text_file, capsys):
+    out = tmp_path / "out"
+    (out / "gqa").mkdir(parents=True)
+    (out / "gqa" / "ckpt.pt").write_bytes(b"garbage")
+    (out / "gqa" / "metrics.jsonl").write_text('[1, 2]\n{"iter": "x"}\n')
+    assert train.cli(["--out_dir", str(out), "--data", str(text_file), "--resume", *FAST]) == 2
+    err = capsys.readouterr().err
+    assert one_line_error(err) and "not a readable checkpoint" in err, err
+    assert train.read_metrics(out / "gqa" / "metrics.jsonl", 100) == []  # odd lines are skipped, not fatal
+
+
+def test_lr_schedule_warmup_then_cosine_to_a_tenth():
+    args = train.get_args(["--learning_rate", "1e-3", "--warmup_iters", "10", "--max_iters", "110"])
+    lrs = [train.lr_at(i, args) for i in range(111)]
+    assert lrs[0] == pytest.approx(1e-4) and lrs[9] == pytest.approx(1e-3)  # linear warmup
+    assert lrs[10] == pytest.approx(1e-3) and lrs[110] == pytest.approx(1e-4)  # cosine down to 0.1 x peak
+    assert lrs[60] == pytest.approx(0.55e-3)  # halfway: 0.1 + 0.9 / 2
+    assert all(a >= b for a, b in zip(lrs[10:], lrs[11:]))
+
+
+def test_optimizer_and_init_follow_the_spec():
+    model = gla.GPT(gla.make_config("tiny", "mla"))
+    opt = train.make_optimizer(model, train.get_args([]))
+    decay, no_decay = opt.param_groups
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0 and decay["betas"] == (0.9, 0.95)
+    assert all(p.dim() >= 2 for p in decay["params"]) and all(p.dim() == 1 for p in no_decay["params"])
+    assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
+    for block in model.blocks:  # output projections start at zero, so every block starts as the identity
+        assert not block.attn.wo.weight.any() and not block.mlp.w3.weight.any()
+    assert abs(model.blocks[0].attn.wq_b.weight.std().item() - 0.02) < 0.002
+    assert model.lm_head.weight is model.tok_emb.weight
+
+
+def test_grad_accum_matches_one_big_batch(tmp_path, text_file):
+    base = ["--attn", "gla2", "--data", str(text_file), "--max_iters", "10", "--batch_size", "8",
+            "--block_size", "32", "--eval_interval", "5", "--eval_iters", "2"]
+    assert train.cli([*base, "--out_dir", str(tmp_path / "a")]) == 0
+    assert train.cli([*base, "--out_dir", str(tmp_path / "b"), "--grad_accum", "4"]) == 0
+    a, b = metrics(tmp_path / "a", "gla2"), metrics(tmp_path / "b", "gla2")
+    assert len(a) == len(b) == 2
+    for r1, r2 in zip(a, b):
+        assert abs(r1["train_loss"] - r2["train_loss"]) < 1e-5 and abs(r1["val_loss"] - r2["val_loss"]) < 1e-5
 
 
 def test_llm_c_shards_are_read_in_sequence(tmp_path):
@@ -858,7 +945,7 @@ def test_torchrun_two_processes_match_one(tmp_path, text_file):
                          timeout=300)
     assert two.returncode == 0, two.stderr[-2000:]
     a, b = metrics(tmp_path / "one", "gla2"), metrics(tmp_path / "two", "gla2")
-    assert [r["iter"] for r in b] == [10, 20]  # written once, by rank 0
+    assert [r["iter"] for r in a] == [r["iter"] for r in b] == [10, 20]  # written once, by rank 0
     for r1, r2 in zip(a, b):
         assert abs(r1["train_loss"] - r2["train_loss"]) < 1e-5 and abs(r1["val_loss"] - r2["val_loss"]) < 1e-5
     assert two.stdout.count("final val loss") == 1  # only rank 0 prints

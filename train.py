@@ -99,12 +99,19 @@ def get_args(argv=None):
         if getattr(args, key) is None:
             setattr(args, key, value)
     for key in ("max_iters", "batch_size", "grad_accum", "eval_interval", "eval_iters", "ckpt_interval",
-                "warmup_iters", *MODEL_FLAGS):
+                *MODEL_FLAGS):
         value = getattr(args, key)
-        if value is not None and (value <= 0 if key != "warmup_iters" else value < 0):
+        if value is not None and value <= 0:
             p.error(f"--{key} must be positive, got {value}")
-    if not args.learning_rate > 0:
-        p.error(f"--learning_rate must be positive, got {args.learning_rate}")
+    if args.warmup_iters < 0:
+        p.error(f"--warmup_iters must be zero or more, got {args.warmup_iters}")
+    for key, low in (("learning_rate", 0.0), ("grad_clip", 0.0)):
+        if not (math.isfinite(getattr(args, key)) and getattr(args, key) > low):
+            p.error(f"--{key} must be a positive finite number, got {getattr(args, key)}")
+    if not (math.isfinite(args.weight_decay) and args.weight_decay >= 0):
+        p.error(f"--weight_decay must be a finite number >= 0, got {args.weight_decay}")
+    if not 0 <= args.seed < 2**32:
+        p.error(f"--seed must be in [0, 2**32), got {args.seed}")
     return args
 
 
@@ -146,6 +153,8 @@ def atomic_write(path, write):
     try:
         with os.fdopen(fd, "wb") as f:
             write(f)
+            f.flush()
+            os.fsync(f.fileno())  # on disk before it replaces the old file, even if the machine dies
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the usual permissions
@@ -228,6 +237,8 @@ class TokenData:
                 atomic_write(path, lambda f: f.write(text))
             return cls._from_bytes(path.read_bytes(), f"stdlib corpus ({path})")
         path = pathlib.Path(spec)
+        if path.is_file() and path.suffix == ".bin":
+            raise UsageError(f"--data {spec}: token files are read from their folder; pass --data {path.parent}")
         if path.is_file():
             return cls._from_bytes(path.read_bytes(), f"text file {path}")
         if not path.is_dir():
@@ -361,8 +372,9 @@ def run_spec(args, config, data):
     train = {k: getattr(args, k) for k in ("preset", "max_iters", "batch_size", "grad_accum", "learning_rate",
                                            "warmup_iters", "weight_decay", "grad_clip", "eval_interval",
                                            "eval_iters", "seed")}
-    return {"model": dataclasses.asdict(config), "train": train,
-            "data": {"source": data.source, "fingerprint": data.fingerprint}}
+    # The data is identified by its content (fingerprint), not by its path, so a
+    # moved or relatively-named folder still resumes.
+    return {"model": dataclasses.asdict(config), "train": train, "data": {"fingerprint": data.fingerprint}}
 
 
 def spec_differences(saved, current, prefix=""):
@@ -397,8 +409,13 @@ def set_rng_state(state):
 
 def load_checkpoint(path, spec):
     """The checkpoint at path (weights_only: it cannot run code), if it matches spec."""
-    ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    diffs = spec_differences(ckpt["config"], spec)
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+        saved = ckpt["config"]
+    except Exception as e:  # unpickling errors come in many types; all mean the same here
+        raise UsageError(f"cannot resume {path}: not a readable checkpoint of train.py ({type(e).__name__}); "
+                         "delete it to start that run over") from None
+    diffs = spec_differences(saved, spec)
     if diffs:
         raise UsageError(f"cannot resume {path}: it was trained with a different setup ({', '.join(diffs)}); "
                          "use another --out_dir or drop --resume to start over")
@@ -414,7 +431,7 @@ def read_metrics(path, up_to_iter):
                 row = json.loads(line)
             except json.JSONDecodeError:
                 continue
-            if row["iter"] <= up_to_iter:
+            if isinstance(row, dict) and isinstance(row.get("iter"), int) and row["iter"] <= up_to_iter:
                 rows.append(row)
     return rows
 
@@ -478,7 +495,10 @@ def train_run(args, variant, double_heads, data, ctx, log):
         if step == 0:  # starting over: a stale checkpoint must not be resumed later
             ckpt_path.unlink(missing_ok=True)
         run_dir.mkdir(parents=True, exist_ok=True)
-        atomic_write(run_dir / "config.json", lambda f: f.write(json.dumps(spec, indent=2).encode()))
+        for tmp in run_dir.glob(".*.pt.*"):  # left by a process killed inside atomic_write
+            tmp.unlink()
+        info = {**spec, "data": {**spec["data"], "source": data.source}}
+        atomic_write(run_dir / "config.json", lambda f: f.write(json.dumps(info, indent=2).encode()))
         # Rewrite the metrics so they end exactly at the checkpoint: a resume neither
         # repeats nor loses an evaluation.
         atomic_write(metrics_path, lambda f: f.write("".join(json.dumps(r) + "\n" for r in rows).encode()))

@@ -124,13 +124,17 @@ def plot(curves, path):
     extra = {}
     for label, (colour, tokens, delta) in curves.items():
         x, y = tokens / scale, np.where(delta == 0, floor, np.abs(delta))
-        ax.plot(x, y, color=colour, lw=1.6, marker="o" if len(x) == 1 else None, label=label)
+        ax.plot(x, y, color=colour, lw=1.6, label=label)
+        up = delta > 0  # every point gets a marker: filled where doubling the heads helped
+        ax.plot(x[up], y[up], ls="none", marker="o", ms=4, color=colour, zorder=3)
+        if up.any():
+            extra["filled: dL > 0"] = ("o", 4, "black")
         for mask, marker, note in [(delta < 0, "o", "hollow: dL < 0, |dL| shown"),
                                    (delta == 0, "v", "hollow: dL = 0, drawn at floor")]:
             if mask.any():
                 ax.plot(x[mask], y[mask], ls="none", marker=marker, ms=7, mfc="white",
                         mec=colour, mew=1.5, zorder=3)
-                extra[note] = marker
+                extra[note] = (marker, 7, "white")
     ax.set_yscale("log")
     # The paper's figure spans about a decade (0.002-0.01) and labels 0.002, 0.004,
     # ...; we label the same minor ticks when the data span is that narrow (every
@@ -144,16 +148,16 @@ def plot(curves, path):
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
     ax.yaxis.set_minor_formatter(minor)
     # Headroom above the curves so the top-left legend does not cover their start.
-    ax.set_ylim(lo / span ** 0.1, hi * span ** (0.3 if not extra else 0.45))
+    ax.set_ylim(lo / span ** 0.1, hi * span ** (0.35 + 0.15 * len(extra)))
     ax.set_xlabel(f"Training tokens ({unit})" if unit else "Training tokens")
-    ax.set_ylabel("Loss difference")
+    ax.set_ylabel("Loss difference (baseline - double heads, nats)")
     ax.set_title("Double heads ablation")
     ax.grid(True, which="both", alpha=0.25)
     # One legend, top left as in the paper, with the key to the hollow markers
     # appended: a second box would sit on top of some curve's points.
     handles, _ = ax.get_legend_handles_labels()
-    handles += [Line2D([], [], ls="none", marker=m, ms=7, mfc="white", mec="black", label=n)
-                for n, m in extra.items()]
+    handles += [Line2D([], [], ls="none", marker=m, ms=ms, mfc=fill, mec="black", label=n)
+                for n, (m, ms, fill) in extra.items()]
     ax.legend(handles=handles, loc="upper left", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=150, format="png")
@@ -170,6 +174,9 @@ def write_outputs(curves, losses, png_path, csv_path):
         for suffix in (".png", ".csv"):
             fd, name = tempfile.mkstemp(suffix=suffix, prefix=".plot-", dir=folder)
             os.close(fd)
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(name, 0o666 & ~umask)  # mkstemp makes 0600; give the usual permissions
             tmp.append(name)
         plot(curves, tmp[0])
         with open(tmp[1], "w", newline="", encoding="utf-8") as f:

@@ -711,6 +711,8 @@ def test_attn_all_trains_six_runs_on_equal_data_then_plot_and_resume_skips(tmp_p
         assert [r["iter"] for r in metrics(out, run)] == [10, 20, 30]
     before = {run: (out / run / "metrics.jsonl").read_text() for run in runs}
     capsys.readouterr()
+    assert train.cli(argv) == 2  # a forgotten --resume does not wipe finished runs
+    assert "already holds a trained run" in capsys.readouterr().err
     assert train.cli(argv + ["--resume"]) == 0
     assert capsys.readouterr().out.count("skipped") == 6
     assert before == {run: (out / run / "metrics.jsonl").read_text() for run in runs}

@@ -3,7 +3,7 @@ Train one configuration of the double-heads ablation, or all six.
 
     python train.py --attn gla2 --double_heads        # one run, tiny preset, CPU ok
     python train.py --attn all                        # the six runs of the ablation
-    torchrun --standalone --nproc_per_node=8 train.py --attn all --preset paper --data fineweb10B/
+    torchrun --standalone --nproc_per_node=8 train.py --attn all --preset paper --data fineweb_edu10B/
 
 The ablation (Liu et al., "Multi-Head Low-Rank Attention", ICLR 2026, arXiv
 2603.02188) trains GQA, MLA and GLA-2 twice: baseline, and with the query heads
@@ -93,6 +93,7 @@ def get_args(argv=None):
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
     p.add_argument("--seed", type=int, default=1337)
     p.add_argument("--resume", action="store_true", help="continue each run from its checkpoint")
+    p.add_argument("--overwrite", action="store_true", help="start runs over even if they have a checkpoint")
     p.add_argument("--dry_run", action="store_true", help="print each run's model summary as JSON and exit")
     args = p.parse_args(argv)
     for key, value in TRAIN_DEFAULTS[args.preset].items():
@@ -525,7 +526,8 @@ def train_run(args, variant, double_heads, data, ctx, log):
                         train_loss_count=loss_count, rng=rng_state(), config=spec)
             atomic_write(ckpt_path, lambda f: torch.save(ckpt, f))
 
-    bar = tqdm(total=args.max_iters, initial=step, desc=name, disable=not ctx.master, leave=False,
+    # disable=None: progress bars on a terminal only, so logs in files stay readable.
+    bar = tqdm(total=args.max_iters, initial=step, desc=name, disable=None if ctx.master else True, leave=False,
                dynamic_ncols=True)
     t0 = time.time() - elapsed
     try:
@@ -590,11 +592,16 @@ def main(argv=None):
     data = TokenData.load(args.data, args.out_dir)
     data.check(max(c.block_size for c in configs), min(c.vocab_size for c in configs))
     check_out_dir(args.out_dir)
+    if not (args.resume or args.overwrite):  # a forgotten --resume must not discard days of training
+        for v, d in runs:
+            if (pathlib.Path(args.out_dir) / run_name(v, d) / "ckpt.pt").exists():
+                raise UsageError(f"{pathlib.Path(args.out_dir) / run_name(v, d)} already holds a trained run; "
+                                 "pass --resume to continue it, --overwrite to start over, or another --out_dir")
     log(f"data: {data.source}, {data.n_tokens['train']:,} train / {data.n_tokens['val']:,} val tokens, "
         f"sha256 {data.fingerprint}; {ctx.world_size} process(es) on {ctx.device}, {args.dtype or ctx.dtype}")
 
     results = {}
-    for variant, double_heads in tqdm(runs, desc="ablation", disable=not ctx.master or len(runs) == 1):
+    for variant, double_heads in tqdm(runs, desc="ablation", disable=None if ctx.master and len(runs) > 1 else True):
         last = train_run(args, variant, double_heads, data, ctx, log)
         results[run_name(variant, double_heads)] = last
     for name, last in results.items():

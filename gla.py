@@ -160,7 +160,7 @@ def make_config(preset="tiny", variant="gqa", double_heads=False, n_head=None, n
     n_kv_head, same latent and rope dims); the width rule then shrinks the MLP.
     n_head: baseline query heads (default n_embd // head_dim), doubled by
     double_heads; n_kv_head: GQA's KV heads (default baseline n_head // 4).
-    overrides: any GPTConfig field (block_size, vocab_size, n_head, ...); the
+    overrides: any other GPTConfig field (block_size, vocab_size, ...); the
     SwiGLU width is re-derived unless ffn_hidden is given.
     Raises ConfigError for an unknown preset or variant or an unsplittable config.
     """

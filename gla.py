@@ -279,6 +279,7 @@ class GroupedQueryAttention(nn.Module):
         self.cache = None
 
     def forward(self, x, cos, sin, cache_seqlens=None):
+        """x (B, T, n_embd) -> (B, T, n_embd); cache_seqlens as in the section comment above."""
         B, T, _ = x.shape
         q = apply_rope(self.wq(x).view(B, T, self.n_head, self.head_dim), cos, sin)  # (B, T, H, D)
         k = apply_rope(self.wk(x).view(B, T, self.n_kv_head, self.head_dim), cos, sin)  # (B, T, Hkv, D)
@@ -330,6 +331,7 @@ class LatentAttention(nn.Module):
         self.cache = None
 
     def forward(self, x, cos, sin, cache_seqlens=None):
+        """x (B, T, n_embd) -> (B, T, n_embd); cache_seqlens None trains, else decodes (absorbed)."""
         B, T, _ = x.shape
         H, g, r = self.n_head, self.g, self.r
         q = self.wq_b(self.q_norm(self.wq_a(x)) * self.q_scale).view(B, T, H, self.nope + self.rope)
@@ -422,6 +424,7 @@ class GPT(nn.Module):
         """idx (B, T) int64 token ids, T <= block_size; targets (B, T) int64 or None.
 
         Returns (logits (B, T, vocab_size), loss: mean cross-entropy in nats, or None).
+        Raises ValueError if T > block_size.
         """
         B, T = idx.shape
         if T > self.config.block_size:
@@ -451,8 +454,8 @@ class GPT(nn.Module):
         decode step, > 1 to verify speculative drafts); cache_seqlens (B,) int32:
         tokens already cached per sequence (may differ across the batch: ragged
         batches). Returns logits (B, Lq, vocab_size). The caller advances
-        cache_seqlens by Lq. Raises ValueError without a cache, or when the new
-        tokens would go past its capacity.
+        cache_seqlens by Lq. Raises ValueError without a cache, for negative
+        cache_seqlens, or when the new tokens would go past its capacity.
         """
         cache = self.blocks[0].attn.cache
         if cache is None:
@@ -462,6 +465,8 @@ class GPT(nn.Module):
         if cache.k_cache.shape[0] != B or cache_seqlens.shape != (B,):
             raise ValueError(f"cache holds {cache.k_cache.shape[0]} sequences, got idx {tuple(idx.shape)} "
                              f"and cache_seqlens {tuple(cache_seqlens.shape)}")
+        if int(cache_seqlens.min()) < 0:
+            raise ValueError(f"cache_seqlens must be >= 0, got {cache_seqlens.tolist()}")
         end = int(cache_seqlens.max()) + Lq
         if end > capacity:
             raise ValueError(f"decode past the cache capacity: {end} tokens > max_seq_len={capacity}; "

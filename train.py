@@ -3,7 +3,7 @@ Train one configuration of the double-heads ablation, or all six.
 
     python train.py --attn gla2 --double_heads        # one run, tiny preset, CPU ok
     python train.py --attn all                        # the six runs of the ablation
-    torchrun --standalone --nproc_per_node=8 train.py --attn all --preset paper --data fineweb_edu10B/
+    torchrun --standalone --nproc_per_node=8 train.py --attn all --preset paper --data edu_fineweb10B/
 
 The ablation (Liu et al., "Multi-Head Low-Rank Attention", ICLR 2026, arXiv
 2603.02188) trains GQA, MLA and GLA-2 twice: baseline, and with the query heads
@@ -41,6 +41,7 @@ import gla
 
 VARIANTS = ("gqa", "mla", "gla2")
 MODEL_FLAGS = ("block_size", "vocab_size", "n_head", "n_kv_head")  # override the preset's model
+PLAIN_LOG_SECONDS = 60  # progress line interval when stderr is not a terminal (no tqdm bar)
 # llm.c / modded-nanogpt token shards: 256 int32 header [magic, version, n_tokens, ...], then uint16 tokens.
 SHARD_MAGIC, SHARD_VERSION, SHARD_HEADER_INTS = 20240520, 1, 256
 # Training defaults per preset; paper = SPEC.md (60 sequences x 8 GPUs, 100k iterations, ~98B tokens).
@@ -68,6 +69,7 @@ class Parser(argparse.ArgumentParser):
 
 
 def get_args(argv=None):
+    """Parse and check the flags, filling per-preset defaults. Raises UsageError."""
     p = Parser(prog="train.py", description=__doc__.split("\n\n")[1], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--attn", default="gqa", choices=[*VARIANTS, "all"], help="variant, or all six runs")
     p.add_argument("--double_heads", action="store_true", help="double the query heads (same KV cache)")
@@ -111,6 +113,8 @@ def get_args(argv=None):
             p.error(f"--{key} must be a positive finite number, got {getattr(args, key)}")
     if not (math.isfinite(args.weight_decay) and args.weight_decay >= 0):
         p.error(f"--weight_decay must be a finite number >= 0, got {args.weight_decay}")
+    if args.resume and args.overwrite:
+        p.error("--resume and --overwrite contradict each other; pass one")
     if not 0 <= args.seed < 2**32:
         p.error(f"--seed must be in [0, 2**32), got {args.seed}")
     return args
@@ -124,10 +128,12 @@ def runs_of(args):
 
 
 def run_name(variant, double_heads):
+    """Folder name of a run under --out_dir: gqa, gqa_double_heads, mla, ..."""
     return variant + ("_double_heads" if double_heads else "")
 
 
 def model_config(args, variant, double_heads):
+    """GPTConfig of one run: the preset, the variant, and the model flags. Raises ConfigError."""
     overrides = {k: getattr(args, k) for k in MODEL_FLAGS if getattr(args, k) is not None}
     return gla.make_config(args.preset, variant, double_heads, **overrides)
 
@@ -252,9 +258,16 @@ class TokenData:
                 raise UsageError(f"--data {spec}: the folder has neither train.bin/val.bin nor "
                                  "*_train_*.bin/*_val_*.bin shards")
             train, val = [read_shard(p) for p in train], [read_shard(p) for p in val]
-        files = sorted(path.glob("*.bin"))
-        fingerprint = hashlib.sha256(json.dumps([(p.name, p.stat().st_size) for p in files]).encode()).hexdigest()
-        return cls(train, val, f"token files in {path}", fingerprint[:16])
+        # Hashing 20 GB of shards at every start is too slow; names, sizes and the
+        # first and last MiB of each file catch a swapped or regenerated dataset.
+        digest = hashlib.sha256()
+        for p in sorted(path.glob("*.bin")):
+            digest.update(f"{p.name}:{p.stat().st_size}".encode())
+            with open(p, "rb") as f:
+                digest.update(f.read(1 << 20))
+                f.seek(max(0, p.stat().st_size - (1 << 20)))
+                digest.update(f.read())
+        return cls(train, val, f"token files in {path}", digest.hexdigest()[:16])
 
     @classmethod
     def _from_bytes(cls, raw, source):
@@ -277,16 +290,21 @@ class TokenData:
                 raise UsageError(f"{self.source}: {name} token id {top} >= vocab_size {vocab_size}; "
                                  f"pass --vocab_size {top + 1} or more (GPT-2 tokens: 50304)")
 
-    def batch(self, split, step, batch_size, block_size, seed):
-        """Inputs and next-token targets, (batch_size, block_size) int64 each, on CPU.
+    def batch(self, split, step, batch_size, block_size, seed, rank=0, world_size=1):
+        """Inputs and next-token targets of process `rank`'s share of a global batch:
+        rows [rank B/W, (rank+1) B/W) of it, (batch_size // world_size, block_size)
+        int64 each, on CPU.
 
-        A pure function of (split, step, seed): every run and every process
-        draws the same windows at the same step, and resuming needs no state.
+        A pure function of (split, step, seed): every run draws the same windows at
+        the same step, the processes' shares are disjoint and each reads only its
+        own, and resuming needs no state.
         """
         arrays = self.splits[split]
         starts = np.array([max(len(a) - block_size, 0) for a in arrays])  # valid window starts per array
         gen = torch.Generator().manual_seed(seed * 1_000_003 + step * 2 + (split == "val"))
         u = torch.randint(int(starts.sum()), (batch_size,), generator=gen).numpy()
+        n = batch_size // world_size
+        u = u[rank * n:(rank + 1) * n]
         which = np.searchsorted(np.cumsum(starts), u, side="right")
         offsets = u - (np.cumsum(starts) - starts)[which]
         rows = np.stack([arrays[w][o:o + block_size + 1] for w, o in zip(which, offsets)]).astype(np.int64)
@@ -315,11 +333,6 @@ class Context:
         if self.dtype == torch.float32:
             return nullcontext()
         return torch.autocast(self.device.type, dtype=self.dtype)
-
-    def local(self, batch):
-        """This process's share of a global batch (B, ...): rows [rank B/W, (rank+1) B/W)."""
-        n = batch.size(0) // self.world_size
-        return batch[self.rank * n:(self.rank + 1) * n]
 
     def all_mean(self, value):
         """Mean of a float over processes."""
@@ -391,6 +404,8 @@ def spec_differences(saved, current, prefix=""):
 
 
 def rng_state():
+    """Every RNG state (torch, CUDA, numpy, python) as tensors and tuples that
+    torch.load(weights_only=True) accepts."""
     state = {"torch": torch.get_rng_state(), "python": random.getstate()}
     mt, keys, pos, has_gauss, cached = np.random.get_state()
     state["numpy"] = (mt, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached)
@@ -400,6 +415,7 @@ def rng_state():
 
 
 def set_rng_state(state):
+    """Restore what rng_state saved."""
     torch.set_rng_state(state["torch"])
     random.setstate(state["python"])
     mt, keys, pos, has_gauss, cached = state["numpy"]
@@ -443,19 +459,18 @@ def evaluate(model, data, args, ctx, block_size):
     model.eval()
     total = 0.0
     for k in range(args.eval_iters):
-        x, y = data.batch("val", k, args.batch_size, block_size, args.seed)
+        x, y = data.batch("val", k, args.batch_size, block_size, args.seed, ctx.rank, ctx.world_size)
         with ctx.autocast():
-            _, loss = model(ctx.local(x).to(ctx.device), ctx.local(y).to(ctx.device))
+            _, loss = model(x.to(ctx.device), y.to(ctx.device))
         total += loss.item()
     model.train()
     return ctx.all_mean(total / args.eval_iters)
 
 
 def train_step(model, x, y, args, ctx):
-    """Forward and backward of this process's share of one step's batch, in
+    """Forward and backward of this process's share (x, y) of one step's batch, in
     grad_accum micro-batches (DDP averages the gradients on the last one).
     Returns the step's mean loss over all processes."""
-    x, y = ctx.local(x), ctx.local(y)
     micro = x.size(0) // args.grad_accum
     total = 0.0
     for m in range(args.grad_accum):
@@ -530,12 +545,13 @@ def train_run(args, variant, double_heads, data, ctx, log):
     bar = tqdm(total=args.max_iters, initial=step, desc=name, disable=None if ctx.master else True, leave=False,
                dynamic_ncols=True)
     t0 = time.time() - elapsed
+    last_log = time.time()
     try:
         while step < args.max_iters:
             lr = lr_at(step, args)
             for group in optimizer.param_groups:
                 group["lr"] = lr
-            x, y = data.batch("train", step, args.batch_size, config.block_size, args.seed)
+            x, y = data.batch("train", step, args.batch_size, config.block_size, args.seed, ctx.rank, ctx.world_size)
             step_loss = train_step(train_model, x, y, args, ctx)
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip).item()
             if not math.isfinite(step_loss) or not math.isfinite(grad_norm):
@@ -545,7 +561,11 @@ def train_run(args, variant, double_heads, data, ctx, log):
             step += 1
             loss_sum, loss_count = loss_sum + step_loss, loss_count + 1
             bar.update(1)
-            bar.set_postfix(loss=f"{step_loss:.3f}", tok_s=f"{step * tokens_per_step / (time.time() - t0):.0f}")
+            tok_s = step * tokens_per_step / (time.time() - t0)
+            bar.set_postfix(loss=f"{step_loss:.3f}", tok_s=f"{tok_s:.0f}")
+            if bar.disable and time.time() - last_log > PLAIN_LOG_SECONDS:  # no terminal: a line now and then
+                last_log = time.time()
+                log(f"{name} iter {step}/{args.max_iters}: loss {step_loss:.4f}, {tok_s:.0f} tokens/s")
 
             if step % args.eval_interval == 0 or step == args.max_iters:
                 val_loss = evaluate(model, data, args, ctx, config.block_size)
@@ -578,6 +598,8 @@ def check_out_dir(out_dir):
 
 
 def main(argv=None):
+    """Train the requested runs (or print their --dry_run summaries); returns 0.
+    Raises UsageError / ConfigError for bad input, Diverged for a NaN loss."""
     args = get_args(argv)
     runs = runs_of(args)
     configs = [model_config(args, v, d) for v, d in runs]  # ConfigError before anything is written
@@ -585,6 +607,11 @@ def main(argv=None):
         for (v, d), config in zip(runs, configs):
             print(json.dumps(summary(config, v, d, args.preset)))
         return 0
+    if not (args.resume or args.overwrite):  # a forgotten --resume must not discard days of training
+        for v, d in runs:
+            if (pathlib.Path(args.out_dir) / run_name(v, d) / "ckpt.pt").exists():
+                raise UsageError(f"{pathlib.Path(args.out_dir) / run_name(v, d)} already holds a trained run; "
+                                 "pass --resume to continue it, --overwrite to start over, or another --out_dir")
     ctx = setup_context(args)
     log = tqdm.write if ctx.master else (lambda msg: None)
     # Every process checks and loads the same data (the corpus cache is written
@@ -592,11 +619,6 @@ def main(argv=None):
     data = TokenData.load(args.data, args.out_dir)
     data.check(max(c.block_size for c in configs), min(c.vocab_size for c in configs))
     check_out_dir(args.out_dir)
-    if not (args.resume or args.overwrite):  # a forgotten --resume must not discard days of training
-        for v, d in runs:
-            if (pathlib.Path(args.out_dir) / run_name(v, d) / "ckpt.pt").exists():
-                raise UsageError(f"{pathlib.Path(args.out_dir) / run_name(v, d)} already holds a trained run; "
-                                 "pass --resume to continue it, --overwrite to start over, or another --out_dir")
     log(f"data: {data.source}, {data.n_tokens['train']:,} train / {data.n_tokens['val']:,} val tokens, "
         f"sha256 {data.fingerprint}; {ctx.world_size} process(es) on {ctx.device}, {args.dtype or ctx.dtype}")
 
@@ -617,12 +639,10 @@ def cli(argv=None):
     usage and data errors, 1 for a diverged run."""
     try:
         return main(argv)
-    except (UsageError, gla.ConfigError) as e:
-        print(f"train.py: error: {e}", file=sys.stderr)
-        return 2
-    except Diverged as e:
-        print(f"train.py: error: {e}", file=sys.stderr)
-        return 1
+    except (UsageError, gla.ConfigError, Diverged) as e:
+        if os.environ.get("RANK", "0") == "0":  # under torchrun every rank fails alike; one says so
+            print(f"train.py: error: {e}", file=sys.stderr)
+        return 1 if isinstance(e, Diverged) else 2
 
 
 if __name__ == "__main__":

@@ -125,16 +125,14 @@ def plot(curves, path):
     for label, (colour, tokens, delta) in curves.items():
         x, y = tokens / scale, np.where(delta == 0, floor, np.abs(delta))
         ax.plot(x, y, color=colour, lw=1.6, label=label)
-        up = delta > 0  # every point gets a marker: filled where doubling the heads helped
-        ax.plot(x[up], y[up], ls="none", marker="o", ms=4, color=colour, zorder=3)
-        if up.any():
-            extra["filled: dL > 0"] = ("o", 4, "black")
-        for mask, marker, note in [(delta < 0, "o", "hollow: dL < 0, |dL| shown"),
-                                   (delta == 0, "v", "hollow: dL = 0, drawn at floor")]:
+        # Every point gets a marker: filled where doubling the heads helped, hollow where not.
+        for mask, marker, ms, filled, note in [(delta > 0, "o", 4, True, "filled: dL > 0"),
+                                               (delta < 0, "o", 7, False, "hollow: dL < 0, |dL| shown"),
+                                               (delta == 0, "v", 7, False, "hollow: dL = 0, drawn at floor")]:
             if mask.any():
-                ax.plot(x[mask], y[mask], ls="none", marker=marker, ms=7, mfc="white",
+                ax.plot(x[mask], y[mask], ls="none", marker=marker, ms=ms, mfc=colour if filled else "white",
                         mec=colour, mew=1.5, zorder=3)
-                extra[note] = (marker, 7, "white")
+                extra[note] = (marker, ms, "black" if filled else "white")
     ax.set_yscale("log")
     # The paper's figure spans about a decade (0.002-0.01) and labels 0.002, 0.004,
     # ...; we label the same minor ticks when the data span is that narrow (every

@@ -108,8 +108,8 @@ def get_args(argv=None):
             p.error(f"--{key} must be positive, got {value}")
     if args.warmup_iters < 0:
         p.error(f"--warmup_iters must be zero or more, got {args.warmup_iters}")
-    for key, low in (("learning_rate", 0.0), ("grad_clip", 0.0)):
-        if not (math.isfinite(getattr(args, key)) and getattr(args, key) > low):
+    for key in ("learning_rate", "grad_clip"):
+        if not (math.isfinite(getattr(args, key)) and getattr(args, key) > 0):
             p.error(f"--{key} must be a positive finite number, got {getattr(args, key)}")
     if not (math.isfinite(args.weight_decay) and args.weight_decay >= 0):
         p.error(f"--weight_decay must be a finite number >= 0, got {args.weight_decay}")
@@ -262,10 +262,11 @@ class TokenData:
         # first and last MiB of each file catch a swapped or regenerated dataset.
         digest = hashlib.sha256()
         for p in sorted(path.glob("*.bin")):
-            digest.update(f"{p.name}:{p.stat().st_size}".encode())
+            size = p.stat().st_size
+            digest.update(f"{p.name}:{size}".encode())
             with open(p, "rb") as f:
                 digest.update(f.read(1 << 20))
-                f.seek(max(0, p.stat().st_size - (1 << 20)))
+                f.seek(max(0, size - (1 << 20)))
                 digest.update(f.read())
         return cls(train, val, f"token files in {path}", digest.hexdigest()[:16])
 
@@ -305,8 +306,9 @@ class TokenData:
         u = torch.randint(int(starts.sum()), (batch_size,), generator=gen).numpy()
         n = batch_size // world_size
         u = u[rank * n:(rank + 1) * n]
-        which = np.searchsorted(np.cumsum(starts), u, side="right")
-        offsets = u - (np.cumsum(starts) - starts)[which]
+        ends = np.cumsum(starts)
+        which = np.searchsorted(ends, u, side="right")
+        offsets = u - (ends - starts)[which]
         rows = np.stack([arrays[w][o:o + block_size + 1] for w, o in zip(which, offsets)]).astype(np.int64)
         rows = torch.from_numpy(rows)
         return rows[:, :-1], rows[:, 1:]
@@ -609,8 +611,9 @@ def main(argv=None):
         return 0
     if not (args.resume or args.overwrite):  # a forgotten --resume must not discard days of training
         for v, d in runs:
-            if (pathlib.Path(args.out_dir) / run_name(v, d) / "ckpt.pt").exists():
-                raise UsageError(f"{pathlib.Path(args.out_dir) / run_name(v, d)} already holds a trained run; "
+            run_dir = pathlib.Path(args.out_dir) / run_name(v, d)
+            if (run_dir / "ckpt.pt").exists():
+                raise UsageError(f"{run_dir} already holds a trained run; "
                                  "pass --resume to continue it, --overwrite to start over, or another --out_dir")
     ctx = setup_context(args)
     log = tqdm.write if ctx.master else (lambda msg: None)

@@ -500,3 +500,36 @@ class GPT(nn.Module):
                 logits = self.decode(next_tok, seqlens)[:, -1]
                 seqlens += 1
         return idx
+
+
+# ----------------------------------------------------------------------------
+# Measuring stick for the benchmarks (train.py --bench): the HF transformers model
+# a user would pick instead, at equal dims. transformers is not a dependency.
+
+
+def hf_twin(config):
+    """The HF transformers model with this config's dims, for side-by-side speed.
+
+    GQA -> LlamaForCausalLM; MLA and GLA-g -> a dense DeepseekV3ForCausalLM (every
+    layer dense, MLA with the same q_lora_rank, kv_lora_rank (all latent heads
+    together: HF has no GLA), qk_nope / qk_rope / v head dims). Tied embeddings,
+    no biases, SDPA attention, float32. Raises ImportError without transformers.
+    """
+    import transformers
+
+    c = config
+    common = dict(vocab_size=c.vocab_size, hidden_size=c.n_embd, intermediate_size=c.ffn_hidden,
+                  num_hidden_layers=c.n_layer, num_attention_heads=c.n_head, max_position_embeddings=c.block_size,
+                  rms_norm_eps=c.norm_eps, tie_word_embeddings=True, attention_bias=False,
+                  rope_parameters=dict(rope_type="default", rope_theta=c.rope_theta))
+    if c.attn == "gqa":
+        hf = transformers.LlamaConfig(num_key_value_heads=c.n_kv_head, head_dim=c.head_dim, mlp_bias=False, **common)
+        cls = transformers.LlamaForCausalLM
+    else:
+        hf = transformers.DeepseekV3Config(
+            num_key_value_heads=c.n_head, q_lora_rank=c.q_lora_rank, kv_lora_rank=c.kv_lora_rank,
+            qk_nope_head_dim=c.qk_nope_head_dim, qk_rope_head_dim=c.qk_rope_head_dim, v_head_dim=c.v_head_dim,
+            first_k_dense_replace=c.n_layer, n_routed_experts=1, rope_interleave=False, **common)
+        cls = transformers.DeepseekV3ForCausalLM
+    hf._attn_implementation = "sdpa"
+    return cls(hf)

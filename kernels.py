@@ -59,8 +59,14 @@ COMBINE_BLOCK_D = 64
 LOG2E = 1.4426950408889634
 
 
-def _check_inputs(q, k_cache, v_cache, cache_seqlens, qv):
-    """Validate the decode inputs; return the longest cached length (int). Raises ValueError."""
+def _check_inputs(q, k_cache, v_cache, cache_seqlens, qv, max_seqlen=None):
+    """Validate the decode inputs; return an upper bound on cache_seqlens (int). Raises ValueError.
+
+    max_seqlen None: we read cache_seqlens to check its range (on CUDA a host sync)
+    and return its max. max_seqlen an int: the caller promises cache_seqlens <=
+    max_seqlen (a decode loop knows its length on the host); we check only shapes,
+    dtypes and devices, so nothing waits for the GPU, and return max_seqlen.
+    """
     if q.dim() != 4 or k_cache.dim() != 4 or v_cache.dim() != 4:
         raise ValueError(f"q, k_cache, v_cache must be 4-D (B, L, H, D); got shapes "
                          f"{tuple(q.shape)}, {tuple(k_cache.shape)}, {tuple(v_cache.shape)}")
@@ -95,9 +101,11 @@ def _check_inputs(q, k_cache, v_cache, cache_seqlens, qv):
     if any(t.device != q.device for t in named.values()):
         raise ValueError("all inputs must be on one device; got "
                          + ", ".join(f"{n} {t.device}" for n, t in named.items()))
-    # On CUDA this syncs with the host once per call; we accept it because we need
-    # the range to reject bad lengths and the longest one to size the splits.
-    lo, hi = (int(x) for x in torch.aminmax(cache_seqlens))
+    if max_seqlen is not None:
+        if not isinstance(max_seqlen, int) or not Lq <= max_seqlen <= S:
+            raise ValueError(f"max_seqlen must be an int in [Lq, S] = [{Lq}, {S}]; got {max_seqlen!r}")
+        return max_seqlen
+    lo, hi = (int(x) for x in torch.aminmax(cache_seqlens))  # on CUDA: waits for the GPU
     if lo < Lq or hi > S:
         raise ValueError(f"cache_seqlens must lie in [Lq, S] = [{Lq}, {S}] (cached tokens, the Lq new ones "
                          f"included); got min {lo}, max {hi}")
@@ -109,17 +117,20 @@ def _default_scale(Dk, Dv, qv):
     return 1.0 / math.sqrt(Dk + Dv if qv is not None else Dk)
 
 
-def decode_attention_ref(q, k_cache, v_cache, cache_seqlens, qv=None, softmax_scale=None):
+def decode_attention_ref(q, k_cache, v_cache, cache_seqlens, qv=None, softmax_scale=None, *, max_seqlen=None):
     """Decode attention in plain PyTorch (float32 math): the CPU path and the tests' oracle.
 
     Args and result as `decode_attention`: q (B, Lq, Hq, Dk), k_cache (B, S, Hk, Dk),
-    v_cache (B, S, Hkv, Dv), cache_seqlens (B,) int32, qv (B, Lq, Hq, Dv) or None;
-    returns (B, Lq, Hq, Dv) in q's dtype. Raises ValueError on inconsistent inputs.
+    v_cache (B, S, Hkv, Dv), cache_seqlens (B,) int32, qv (B, Lq, Hq, Dv) or None,
+    max_seqlen (int or None); returns (B, Lq, Hq, Dv) in q's dtype. Raises ValueError
+    on inconsistent inputs. Reads only the first max(cache_seqlens) (or max_seqlen)
+    cache positions.
     Source: MLA absorbed decode, DeepSeek-V2 (arXiv 2405.04434) Sec. 2.1; GLA, arXiv 2505.21487.
     """
-    _check_inputs(q, k_cache, v_cache, cache_seqlens, qv)
+    S = _check_inputs(q, k_cache, v_cache, cache_seqlens, qv, max_seqlen)
+    k_cache, v_cache = k_cache[:, :S], v_cache[:, :S]  # positions past every sequence's length are never seen
     B, Lq, Hq, Dk = q.shape
-    S, Hkv, Dv = v_cache.shape[1], v_cache.shape[2], v_cache.shape[3]
+    Hkv, Dv = v_cache.shape[2], v_cache.shape[3]
     G = Hq // Hkv
     scale = _default_scale(Dk, Dv, qv) if softmax_scale is None else softmax_scale
     # Positions at or past cache_seqlens may hold garbage (torch.empty buffers); we zero
@@ -269,7 +280,7 @@ def _plan(B, Lq, Hq, Hkv, Dk, Dv, elem_bytes, max_len, num_splits, num_sms):
 
 
 def decode_attention(q, k_cache, v_cache, cache_seqlens, qv=None, softmax_scale=None, *,
-                     num_splits=None, out=None):
+                     max_seqlen=None, num_splits=None, out=None):
     """Decode attention over a KV cache with a Triton split-KV (flash-decoding) kernel.
 
     Semantics of FA3's `flash_attn_with_kvcache`, as the GLA paper (arXiv 2505.21487)
@@ -280,7 +291,9 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, qv=None, softmax_scale=
     (B,) int32: valid cached tokens per sequence, the Lq new ones included (they sit at
     cache_seqlens - Lq .. cache_seqlens - 1, causal among themselves). Query head h
     uses value head h // (Hq // Hkv), and that key head too when Hk == Hkv.
-    softmax_scale defaults to 1/sqrt(Dk + Dv) with qv, else 1/sqrt(Dk). num_splits
+    softmax_scale defaults to 1/sqrt(Dk + Dv) with qv, else 1/sqrt(Dk). max_seqlen
+    (int): an upper bound on cache_seqlens known on the host; given, the call never
+    waits for the GPU (no range check of cache_seqlens' values). num_splits
     overrides the split-KV count (None: fill the GPU); out (B, Lq, Hq, Dv) in q's dtype
     receives the result if given. Returns (B, Lq, Hq, Dv) in q's dtype, accumulated in fp32.
 
@@ -289,7 +302,7 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, qv=None, softmax_scale=
     """
     if triton is None:
         raise RuntimeError("decode_attention needs Triton (Linux); use decode_attention_ref instead")
-    max_len = _check_inputs(q, k_cache, v_cache, cache_seqlens, qv)
+    max_len = _check_inputs(q, k_cache, v_cache, cache_seqlens, qv, max_seqlen)
     cache_seqlens = cache_seqlens.contiguous()  # the kernel reads it with unit stride
     if q.device.type != "cuda" and not isinstance(_decode_split_kernel, InterpretedFunction):
         raise ValueError("decode_attention needs CUDA tensors; on CPU use decode_attention_ref, "

@@ -13,9 +13,16 @@ helped. The figure reproduces the double-heads ablation of Liu et al.,
 Zadouri, Strauss, Dao, "Hardware-Efficient Attention for Fast Decoding", 2025
 (arXiv 2505.21487).
 
+Seeds: train.py writes <out_dir>/<run>/seed<seed>/metrics.jsonl. We pair each
+baseline seed with the double-heads run of the same seed (they saw the same data
+in the same order, so its noise cancels in their difference), compute dL per
+seed, and draw the mean over seeds with a band of +-1 standard error (with two
+seeds that band is exactly their min-max). A run folder holding metrics.jsonl
+directly (the layout before seeds) counts as one seed.
+
 Usage: python plot.py [--out_dir out] [--output double_heads_ablation.png]
-Reads <out_dir>/<run>/metrics.jsonl (one JSON object per evaluation, with at
-least `tokens` and `val_loss`). A relative --output is relative to the current
+Reads the metrics.jsonl files (one JSON object per evaluation, with at least
+`tokens` and `val_loss`). A relative --output is relative to the current
 directory; a CSV of the plotted values (same stem, .csv) is written beside it.
 Bad input gives a one-line error on stderr and exit status 2, and no output.
 """
@@ -32,12 +39,17 @@ matplotlib.use("Agg")  # files only, never a display
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
+from matplotlib.patches import Patch  # noqa: E402
 from matplotlib.ticker import FuncFormatter  # noqa: E402
 
-# (run name of the baseline, legend label, colour), in the reference figure's order.
-VARIANTS = [("gqa", "GQA", "teal"), ("mla", "MLA", "royalblue"), ("gla2", "GLA-2", "gray")]
+# (run name of the baseline, legend label, colour, marker size), in the reference
+# figure's order. Marker sizes shrink down the list and later variants draw on top,
+# so markers at the same point nest like rings and every variant stays visible.
+VARIANTS = [("gqa", "GQA", "teal", 9), ("mla", "MLA", "royalblue", 6.5), ("gla2", "GLA-2", "gray", 4)]
 DOUBLE_SUFFIX = "_double_heads"
-CSV_COLUMNS = ["variant", "tokens", "val_loss_baseline", "val_loss_double_heads", "delta_loss"]
+SEED_PREFIX = "seed"
+CSV_COLUMNS = ["variant", "tokens", "n_seeds", "val_loss_baseline", "val_loss_double_heads",
+               "dL_mean", "dL_low", "dL_high"]  # then dL_seed<seed> per seed
 
 
 class PlotError(Exception):
@@ -100,6 +112,68 @@ def delta_loss(base, double):
     return tokens, bl, dl, bl - dl
 
 
+def seed_runs(out_dir, run_name):
+    """{seed: run folder} of one run name: <out_dir>/<run>/seed<seed>/ with a
+    metrics.jsonl, or {None: <out_dir>/<run>} for the single-seed layout."""
+    path = os.path.join(out_dir, run_name)
+    found = {}
+    if os.path.isdir(path):
+        for entry in os.listdir(path):
+            tail = entry[len(SEED_PREFIX):]
+            if entry.startswith(SEED_PREFIX) and tail.isdigit() and has_metrics(os.path.join(path, entry)):
+                found[int(tail)] = os.path.join(path, entry)
+    if not found and has_metrics(path):
+        found[None] = path
+    return dict(sorted(found.items()))
+
+
+def has_metrics(path):
+    return os.path.isfile(os.path.join(path, "metrics.jsonl"))
+
+
+class Curve:
+    """dL of one variant over its paired seeds, on the token counts every pair shares.
+
+    tokens (n,) int64; delta (n_seeds, n) per-seed dL; seeds: their labels (None
+    for the single-seed layout); base, double (n,) mean validation losses.
+    mean, low, high: dL mean over seeds and its band, mean -+ one standard error
+    (sample std / sqrt(n_seeds); with 2 seeds exactly their min and max; with 1
+    seed no band).
+    """
+
+    def __init__(self, seeds, tokens, base, double, delta):
+        self.seeds, self.tokens, self.base, self.double, self.delta = seeds, tokens, base, double, delta
+        self.mean = delta.mean(axis=0)
+        n = len(seeds)
+        se = delta.std(axis=0, ddof=1) / math.sqrt(n) if n > 1 else np.zeros_like(self.mean)
+        self.low, self.high = self.mean - se, self.mean + se
+
+
+def paired_curve(label, base_runs, double_runs):
+    """The Curve of a variant from {seed: folder} of its baseline and double-heads
+    runs, or None (with a warning) if no seed pair shares an evaluation."""
+    seeds = [s for s in base_runs if s in double_runs]
+    for s in sorted(base_runs.keys() ^ double_runs.keys(), key=str):
+        warn(f"note: {label}: seed {s} has only one of its two runs; left out")
+    per_seed = {}
+    for s in seeds:
+        base, double = load_run(base_runs[s]), load_run(double_runs[s])
+        tokens, bl, dl, _ = delta_loss(base, double)
+        if len(tokens) < max(len(base), len(double)):
+            warn(f"note: {label}{'' if s is None else f' seed {s}'}: runs differ in length ({len(base)} vs "
+                 f"{len(double)} evaluations); using the {len(tokens)} in common")
+        per_seed[s] = dict(zip(tokens.tolist(), zip(bl, dl)))
+    common = sorted(set.intersection(*(set(p) for p in per_seed.values()))) if per_seed else []
+    if not common:
+        warn(f"warning: {label}: baseline and double heads share no evaluated token count; not plotted")
+        return None
+    if any(len(p) > len(common) for p in per_seed.values()):
+        warn(f"note: {label}: seeds differ in their evaluations; plotting the {len(common)} token counts all share")
+    losses = np.array([[per_seed[s][t] for t in common] for s in seeds])  # (n_seeds, n, 2)
+    return Curve(seeds, np.array(common, dtype=np.int64), losses[..., 0].mean(axis=0),
+                 losses[..., 1].mean(axis=0), losses[..., 0] - losses[..., 1])
+
+
 def token_unit(max_tokens):
     for scale, unit in [(1e9, "B"), (1e6, "M"), (1e3, "K")]:
         if max_tokens >= scale:
@@ -107,62 +181,65 @@ def token_unit(max_tokens):
     return 1.0, ""
 
 
-def plot(curves, path):
-    """Draw {label: (colour, tokens, delta)} on a log y axis and save a PNG to `path`.
+def band_note(curves):
+    """How the band was drawn, for the legend: +-1 s.e. over n seeds (2 seeds: min-max)."""
+    counts = sorted({len(c.seeds) for c in curves.values()})
+    if counts == [1]:
+        return None
+    n = "/".join(map(str, counts))
+    return f"band: mean ± 1 s.e. over {n} seeds" + (" (2 seeds: min–max)" if 2 in counts else "")
 
-    A log axis cannot hold dL <= 0, yet those points must be seen. We keep the log
-    axis of the reference figure (it is what makes 0.002 vs 0.008 readable) and
-    plot |dL| instead, marking dL < 0 with a hollow circle; dL == 0 is drawn at a
-    floor (half the smallest |dL| on the plot) with a hollow triangle. symlog would
-    also work but needs a linear band around zero that flattens exactly the small
-    positive values the figure is about.
+
+def plot(curves, colours, path):
+    """Draw {label: Curve} on a symmetric log y axis and save a PNG to `path`.
+
+    dL can be negative at small scale, and a band can straddle zero, so a plain
+    log axis (the reference figure's) cannot hold the data. We use symlog: log
+    above +linthresh (where the paper's 0.002-0.01 curves live) and below
+    -linthresh, linear in between, with linthresh a power of ten at or below the
+    smallest |mean dL| (but at most 2 decades under the largest |dL|, so
+    noise around zero does not stretch the axis), so small positive values are not flattened into the linear band.
+    Every point keeps a marker; the dashed line at 0 separates "doubling helped"
+    (above) from "doubling hurt" (below).
     """
-    mags = np.concatenate([np.abs(d) for _, _, d in curves.values()])
-    floor = mags[mags > 0].min() / 2 if (mags > 0).any() else 1e-6
-    scale, unit = token_unit(max(int(t.max()) for _, t, _ in curves.values()))
-    fig, ax = plt.subplots(figsize=(6.4, 4.4))
-    extra = {}
-    for label, (colour, tokens, delta) in curves.items():
-        x, y = tokens / scale, np.where(delta == 0, floor, np.abs(delta))
-        ax.plot(x, y, color=colour, lw=1.6, label=label)
-        # Every point gets a marker: filled where doubling the heads helped, hollow where not.
-        for mask, marker, ms, filled, note in [(delta > 0, "o", 4, True, "filled: dL > 0"),
-                                               (delta < 0, "o", 7, False, "hollow: dL < 0, |dL| shown"),
-                                               (delta == 0, "v", 7, False, "hollow: dL = 0, drawn at floor")]:
-            if mask.any():
-                ax.plot(x[mask], y[mask], ls="none", marker=marker, ms=ms, mfc=colour if filled else "white",
-                        mec=colour, mew=1.5, zorder=3)
-                extra[note] = (marker, ms, "black" if filled else "white")
-    ax.set_yscale("log")
-    # The paper's figure spans about a decade (0.002-0.01) and labels 0.002, 0.004,
-    # ...; we label the same minor ticks when the data span is that narrow (every
-    # minor tick when narrower still), and the decades alone when it is wider.
-    y_all = np.where(mags == 0, floor, mags)
-    lo, hi = y_all.min(), y_all.max()
-    span = max(hi / lo, 2.0)  # a single point or a flat curve still gets a range
-    keep = range(1, 10) if span < 3 else (2, 4, 6, 8) if span < 30 else ()
-    minor = FuncFormatter(lambda v, _: f"{v:g}" if round(v / 10 ** math.floor(
-        math.log10(v) + 1e-9)) in keep else "")
+    values = np.concatenate([np.concatenate([c.mean, c.low, c.high]) for c in curves.values()])
+    top = max(np.abs(values).max(), 1e-12)
+    means = np.abs(np.concatenate([c.mean for c in curves.values()]))
+    smallest = means[means > 0].min() if (means > 0).any() else top
+    linthresh = 10 ** math.floor(math.log10(max(smallest, top * 1e-2)))
+    scale, unit = token_unit(max(int(c.tokens.max()) for c in curves.values()))
+    fig, ax = plt.subplots(figsize=(6.6, 4.6))
+    ax.set_yscale("symlog", linthresh=linthresh, linscale=0.5)
+    ax.axhline(0.0, color="black", lw=0.8, ls="--", zorder=1)
+    for z, (label, c) in enumerate(curves.items()):
+        colour, size = colours[label]
+        x = c.tokens / scale
+        name = label if len(c.seeds) == 1 else f"{label} ({len(c.seeds)} seeds)"
+        ax.plot(x, c.mean, color=colour, lw=1.6, marker="o", ms=size, mec="white", mew=0.7,
+                label=name, zorder=3 + z)
+        if len(c.seeds) > 1:
+            ax.fill_between(x, c.low, c.high, color=colour, alpha=0.18, lw=0, zorder=2)
+    lo, hi = values.min(), values.max()
+    # Headroom above for the top-left legend; below, at least the linear band so 0 shows.
+    ax.set_ylim(min(-linthresh, lo * 1.5 if lo < 0 else -linthresh), max(hi, linthresh) * 30)
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-    ax.yaxis.set_minor_formatter(minor)
-    # Headroom above the curves so the top-left legend does not cover their start.
-    ax.set_ylim(lo / span ** 0.1, hi * span ** (0.35 + 0.15 * len(extra)))
     ax.set_xlabel(f"Training tokens ({unit})" if unit else "Training tokens")
-    ax.set_ylabel("Loss difference (baseline - double heads, nats)")
+    ax.set_ylabel("Loss difference (baseline − double heads)")
     ax.set_title("Double heads ablation")
-    ax.grid(True, which="both", alpha=0.25)
-    # One legend, top left as in the paper, with the key to the hollow markers
-    # appended: a second box would sit on top of some curve's points.
+    ax.grid(True, which="major", alpha=0.25)
     handles, _ = ax.get_legend_handles_labels()
-    handles += [Line2D([], [], ls="none", marker=m, ms=ms, mfc=fill, mec="black", label=n)
-                for n, (m, ms, fill) in extra.items()]
-    ax.legend(handles=handles, loc="upper left", fontsize=9)
+    note = band_note(curves)
+    if note:
+        handles.append(Patch(color="gray", alpha=0.25, label=note))
+    handles.append(Line2D([], [], color="black", lw=0.8, ls="--",
+                          label=f"above 0: doubling helped (symlog: linear within ±{linthresh:g})"))
+    ax.legend(handles=handles, loc="upper left", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=150, format="png")
     plt.close(fig)
 
 
-def write_outputs(curves, losses, png_path, csv_path):
+def write_outputs(curves, colours, png_path, csv_path):
     """Write PNG and CSV under temporary names in their folder, then rename both,
     so an interrupted or failing run never leaves a half-written file behind."""
     folder = os.path.dirname(os.path.abspath(png_path))
@@ -176,14 +253,17 @@ def write_outputs(curves, losses, png_path, csv_path):
             os.umask(umask)
             os.chmod(name, 0o666 & ~umask)  # mkstemp makes 0600; give the usual permissions
             tmp.append(name)
-        plot(curves, tmp[0])
+        plot(curves, colours, tmp[0])
+        all_seeds = sorted({s for c in curves.values() for s in c.seeds}, key=lambda s: -1 if s is None else s)
         with open(tmp[1], "w", newline="", encoding="utf-8") as f:
             w = csv.writer(f)
-            w.writerow(CSV_COLUMNS)
-            for label, (_, tokens, delta) in curves.items():
-                bl, dl = losses[label]
-                for row in zip(tokens, bl, dl, delta):
-                    w.writerow([label, int(row[0])] + [repr(float(v)) for v in row[1:]])
+            w.writerow(CSV_COLUMNS + ["dL" if s is None else f"dL_seed{s}" for s in all_seeds])
+            for label, c in curves.items():
+                for i, t in enumerate(c.tokens):
+                    per_seed = dict(zip(c.seeds, c.delta[:, i]))
+                    values = [c.base[i], c.double[i], c.mean[i], c.low[i], c.high[i]]
+                    w.writerow([label, int(t), len(c.seeds)] + [repr(float(v)) for v in values]
+                               + [repr(float(per_seed[s])) if s in per_seed else "" for s in all_seeds])
         os.replace(tmp[0], png_path)
         os.replace(tmp[1], csv_path)
     finally:
@@ -211,43 +291,32 @@ def run(out_dir, output):
         raise PlotError(f"--output must end in .png, got {output!r}")
     if not os.path.isdir(out_dir):
         raise PlotError(f"--out_dir {out_dir!r} is not a directory")
-
-    def has(run_name):
-        return os.path.isfile(os.path.join(out_dir, run_name, "metrics.jsonl"))
-
-    complete = [v for v in VARIANTS if has(v[0]) and has(v[0] + DOUBLE_SUFFIX)]
-    if not complete:
-        raise PlotError(f"no variant in {out_dir!r} has both its baseline and "
-                        f"{DOUBLE_SUFFIX} run (each needs <run>/metrics.jsonl)")
-    for name, label, _ in VARIANTS:
-        for run_name in (name, name + DOUBLE_SUFFIX):
-            if not has(run_name):
-                warn(f"missing run {os.path.join(out_dir, run_name)} "
-                     f"(no metrics.jsonl); {label} is not plotted")
-    curves, losses = {}, {}
-    for name, label, colour in complete:
-        base = load_run(os.path.join(out_dir, name))
-        double = load_run(os.path.join(out_dir, name + DOUBLE_SUFFIX))
-        tokens, bl, dl, delta = delta_loss(base, double)
-        if len(tokens) == 0:
-            warn(f"warning: {label}: baseline and double heads share no evaluated "
-                 "token count; not plotted")
-            continue
-        if len(tokens) < max(len(base), len(double)):
-            warn(f"note: {label}: runs differ in length ({len(base)} vs {len(double)} "
-                 f"evaluations); plotting the {len(tokens)} in common")
-        curves[label], losses[label] = (colour, tokens, delta), (bl, dl)
+    found = {name: (seed_runs(out_dir, name), seed_runs(out_dir, name + DOUBLE_SUFFIX)) for name, *_ in VARIANTS}
+    if not any(base and double for base, double in found.values()):
+        raise PlotError(f"no variant in {out_dir!r} has both its baseline and {DOUBLE_SUFFIX} run "
+                        "(each needs <run>/seed<seed>/metrics.jsonl)")
+    curves, colours = {}, {}
+    for name, label, colour, size in VARIANTS:
+        base, double = found[name]
+        for run_name, runs in ((name, base), (name + DOUBLE_SUFFIX, double)):
+            if not runs:
+                warn(f"missing run {os.path.join(out_dir, run_name)} (no metrics.jsonl); {label} is not plotted")
+        if base and double:
+            curve = paired_curve(label, base, double)
+            if curve is not None:
+                curves[label], colours[label] = curve, (colour, size)
     if not curves:
         raise PlotError("no variant has any evaluation usable in both runs")
     csv_path = stem + ".csv"
-    write_outputs(curves, losses, output, csv_path)
+    write_outputs(curves, colours, output, csv_path)
     print(f"wrote {output} and {csv_path}")
-    print(f"{'variant':<8}{'points':>8}{'last tokens':>18}{'final dL':>11}"
+    print(f"{'variant':<8}{'seeds':>6}{'points':>8}{'last tokens':>14}{'final dL (mean, band)':>34}"
           f"{'mean dL, last 1/4':>19}")
-    for label, (_, tokens, delta) in curves.items():
-        last_quarter = tokens >= tokens[0] + 0.75 * (tokens[-1] - tokens[0])
-        print(f"{label:<8}{len(tokens):>8}{int(tokens[-1]):>18,}{delta[-1]:>11.5f}"
-              f"{delta[last_quarter].mean():>19.5f}")
+    for label, c in curves.items():
+        last_quarter = c.tokens >= c.tokens[0] + 0.75 * (c.tokens[-1] - c.tokens[0])
+        final = f"{c.mean[-1]:+.5f} [{c.low[-1]:+.5f}, {c.high[-1]:+.5f}]"
+        print(f"{label:<8}{len(c.seeds):>6}{len(c.tokens):>8}{int(c.tokens[-1]):>14,}{final:>34}"
+              f"{c.mean[last_quarter].mean():>+19.5f}")
     return 0
 
 

@@ -35,11 +35,15 @@ import train
 REPO = pathlib.Path(__file__).resolve().parent
 
 
+# Tests are deterministic: every test starts from the same torch seed. To look for
+# seed-dependent failures on purpose, GLA_TEST_SEED=random (or a number) changes it.
+TEST_SEED = os.environ.get("GLA_TEST_SEED", "0")
+
+
 @pytest.fixture(autouse=True)
-def fresh_seed():
-    """Fresh random inputs in every run (tests that need fixed ones seed themselves);
-    pytest shows the seed of a failing test, so it can be replayed."""
-    seed = time.time_ns() % 2**31
+def seeded():
+    """Seed torch before each test; pytest shows the seed of a failing test."""
+    seed = time.time_ns() % 2**31 if TEST_SEED == "random" else int(TEST_SEED)
     torch.manual_seed(seed)
     print(f"torch seed {seed}")
 
@@ -512,10 +516,14 @@ def _write_all(out, runs=RUNS, **kw):
 
 
 def _read_csv(path):
-    rows = path.read_text().strip().splitlines()
-    assert rows[0] == "variant,tokens,val_loss_baseline,val_loss_double_heads,delta_loss"
-    return [(v, int(t), float(b), float(d), float(x))
-            for v, t, b, d, x in (r.split(",") for r in rows[1:])]
+    """(variant, tokens, val_loss_baseline, val_loss_double_heads, dL) of a one-seed CSV."""
+    header = path.read_text().splitlines()[0]
+    assert header == ("variant,tokens,n_seeds,val_loss_baseline,val_loss_double_heads,dL_mean,dL_low,dL_high,dL")
+    rows = list(csv_rows(path))
+    for r in rows:  # one seed: no band, and the mean is that seed's dL
+        assert r["n_seeds"] == "1" and r["dL_low"] == r["dL_high"] == r["dL_mean"] == r["dL"]
+    return [(r["variant"], int(r["tokens"]), float(r["val_loss_baseline"]), float(r["val_loss_double_heads"]),
+             float(r["dL"])) for r in rows]
 
 
 def _run_main(tmp_path, out):
@@ -657,7 +665,8 @@ def test_cli_subprocess_end_to_end(tmp_path):
 # train.py: data, training, resume, bad input, torchrun
 
 FAST = ["--max_iters", "30", "--batch_size", "8", "--block_size", "64", "--eval_interval", "10",
-        "--eval_iters", "2", "--warmup_iters", "5"]
+        "--eval_iters", "2", "--warmup_iters", "5", "--seeds", "1"]
+SEED = 1337  # train.py's default --seed
 
 
 @pytest.fixture(scope="session")
@@ -676,8 +685,13 @@ def text_file(tmp_path, corpus):
     return path
 
 
-def metrics(out_dir, run):
-    return [json.loads(line) for line in (out_dir / run / "metrics.jsonl").read_text().splitlines()]
+def rdir(out_dir, run, seed=SEED):
+    """Folder of one run, as train.py lays it out."""
+    return out_dir / run / f"seed{seed}"
+
+
+def metrics(out_dir, run, seed=SEED):
+    return [json.loads(line) for line in (rdir(out_dir, run, seed) / "metrics.jsonl").read_text().splitlines()]
 
 
 def strip_timing(rows):
@@ -689,7 +703,7 @@ def test_training_on_default_corpus_lowers_val_loss(tmp_path, corpus, capsys):
     out.mkdir()
     shutil.copy(corpus, out / "stdlib_corpus.txt")
     argv = ["--attn", "gla2", "--double_heads", "--out_dir", str(out), "--max_iters", "60", "--batch_size", "8",
-            "--block_size", "64", "--eval_interval", "20", "--eval_iters", "4", "--warmup_iters", "5"]
+            "--block_size", "64", "--eval_interval", "20", "--eval_iters", "4", "--warmup_iters", "5", "--seeds", "1"]
     assert train.cli(argv) == 0
     assert "stdlib corpus" in capsys.readouterr().out
     rows = metrics(out, "gla2_double_heads")
@@ -697,9 +711,9 @@ def test_training_on_default_corpus_lowers_val_loss(tmp_path, corpus, capsys):
     assert [r["tokens"] for r in rows] == [20 * 8 * 64, 40 * 8 * 64, 60 * 8 * 64]
     assert {"iter", "tokens", "train_loss", "val_loss", "lr", "elapsed_s"} <= set(rows[0])
     assert rows[-1]["val_loss"] < rows[0]["val_loss"] - 0.2
-    spec = json.loads((out / "gla2_double_heads" / "config.json").read_text())
+    spec = json.loads((rdir(out, "gla2_double_heads") / "config.json").read_text())
     assert spec["model"]["n_head"] == 16 and spec["model"]["n_latent_heads"] == 2
-    ckpt = torch.load(out / "gla2_double_heads" / "ckpt.pt", weights_only=True)
+    ckpt = torch.load(rdir(out, "gla2_double_heads") / "ckpt.pt", weights_only=True)
     assert ckpt["iter"] == 60 and {"model", "optimizer", "rng", "config"} <= set(ckpt)
     model = gla.GPT(gla.GPTConfig(**ckpt["config"]["model"]))
     model.load_state_dict(ckpt["model"])
@@ -719,25 +733,39 @@ def test_batches_are_a_function_of_seed_and_step(text_file):
     assert window in raw[: int(0.9 * len(raw))]  # train windows come from the train split
 
 
-def test_attn_all_trains_six_runs_on_equal_data_then_plot_and_resume_skips(tmp_path, text_file, capsys):
+def test_attn_all_trains_six_runs_per_seed_then_plot_pairs_seeds_and_resume_skips(tmp_path, text_file, capsys):
     out = tmp_path / "out"
-    argv = ["--attn", "all", "--out_dir", str(out), "--data", str(text_file), *FAST]
+    argv = ["--attn", "all", "--out_dir", str(out), "--data", str(text_file), *FAST, "--seeds", "2"]
     assert train.cli(argv) == 0
     runs = ["gqa", "gqa_double_heads", "mla", "mla_double_heads", "gla2", "gla2_double_heads"]
-    for run in runs:
-        assert [r["iter"] for r in metrics(out, run)] == [10, 20, 30]
-    before = {run: (out / run / "metrics.jsonl").read_text() for run in runs}
+    folders = [rdir(out, run, seed) for run in runs for seed in (SEED, SEED + 1)]
+    assert sorted(out.glob("*/seed*")) == sorted(folders)
+    for folder in folders:
+        assert [json.loads(line)["iter"] for line in (folder / "metrics.jsonl").open()] == [10, 20, 30]
+        # a run's seed fixes its init and its data order (batch i = f(seed, i)), shared by the pair
+        assert json.loads((folder / "config.json").read_text())["train"]["seed"] == int(folder.name[4:])
+    assert metrics(out, "gqa", SEED) != metrics(out, "gqa", SEED + 1)
+    before = {f: (f / "metrics.jsonl").read_text() for f in folders}
     capsys.readouterr()
     assert train.cli(argv) == 2  # a forgotten --resume does not wipe finished runs
     assert "already holds a trained run" in capsys.readouterr().err
     assert train.cli(argv + ["--resume"]) == 0
-    assert capsys.readouterr().out.count("skipped") == 6
-    assert before == {run: (out / run / "metrics.jsonl").read_text() for run in runs}
+    assert capsys.readouterr().out.count("skipped") == 12
+    assert before == {f: (f / "metrics.jsonl").read_text() for f in folders}
     png = tmp_path / "fig.png"
     assert plot.main(["--out_dir", str(out), "--output", str(png)]) == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     rows = list(csv_rows(png.with_suffix(".csv")))
-    assert {r["variant"] for r in rows} == {"GQA", "MLA", "GLA-2"}
+    assert {r["variant"] for r in rows} == {"GQA", "MLA", "GLA-2"} and len(rows) == 9
+    for r in rows:  # dL per seed from that seed's own pair; the band of 2 seeds is their min-max
+        run = {"GQA": "gqa", "MLA": "mla", "GLA-2": "gla2"}[r["variant"]]
+        i = [m["tokens"] for m in metrics(out, run)].index(int(r["tokens"]))
+        per_seed = [metrics(out, run, s)[i]["val_loss"] - metrics(out, run + "_double_heads", s)[i]["val_loss"]
+                    for s in (SEED, SEED + 1)]
+        assert r["n_seeds"] == "2"
+        assert [float(r[f"dL_seed{s}"]) for s in (SEED, SEED + 1)] == pytest.approx(per_seed, abs=1e-12)
+        assert float(r["dL_mean"]) == pytest.approx(sum(per_seed) / 2, abs=1e-12)
+        assert (float(r["dL_low"]), float(r["dL_high"])) == pytest.approx((min(per_seed), max(per_seed)), abs=1e-12)
 
 
 def csv_rows(path):
@@ -814,7 +842,7 @@ def bad_inputs(tmp_path):
 def test_bad_input_one_line_error_and_nothing_written(tmp_path, text_file, capsys):
     for argv, words in bad_inputs(tmp_path).items():
         out = tmp_path / "runs"
-        defaults = ["--max_iters", "30", "--data", str(text_file), "--out_dir", str(out)]
+        defaults = ["--max_iters", "30", "--data", str(text_file), "--out_dir", str(out), "--seeds", "1"]
         argv = [*defaults, *argv]  # later flags win: the bad value is the one parsed
         assert train.cli(argv) == 2, argv
         err = capsys.readouterr().err
@@ -833,12 +861,12 @@ def test_bad_input_from_the_command_line(tmp_path):
 def test_diverging_loss_stops_and_keeps_last_good_checkpoint(tmp_path, text_file, capsys):
     out = tmp_path / "out"
     argv = ["--out_dir", str(out), "--data", str(text_file), "--learning_rate", "1e30", "--warmup_iters", "0",
-            "--ckpt_interval", "1", "--max_iters", "20", "--batch_size", "4", "--block_size", "32"]
+            "--ckpt_interval", "1", "--max_iters", "20", "--batch_size", "4", "--block_size", "32", "--seeds", "1"]
     assert train.cli(argv) == 1
     err = capsys.readouterr().err
     assert one_line_error(err) and "at iteration" in err, err
     failed_at = int(err.split("at iteration ")[1].split(";")[0])
-    ckpt = torch.load(out / "gqa" / "ckpt.pt", weights_only=True)
+    ckpt = torch.load(rdir(out, "gqa") / "ckpt.pt", weights_only=True)
     assert 0 < ckpt["iter"] <= failed_at  # saved before the failure, and kept
     assert all(torch.isfinite(v).all() for v in ckpt["model"].values())
 
@@ -858,22 +886,22 @@ def test_atomic_write_keeps_old_file_when_interrupted(tmp_path):
 
 def test_sigkill_then_resume_gives_identical_metrics(tmp_path, text_file):
     args = ["--attn", "mla", "--data", str(text_file), "--max_iters", "80", "--batch_size", "8", "--block_size", "64",
-            "--eval_interval", "7", "--eval_iters", "2", "--ckpt_interval", "10", "--warmup_iters", "5"]
+            "--eval_interval", "7", "--eval_iters", "2", "--ckpt_interval", "10", "--warmup_iters", "5", "--seeds", "1"]
     assert train.cli([*args, "--out_dir", str(tmp_path / "ref")]) == 0
     killed = tmp_path / "killed"
     proc = subprocess.Popen([sys.executable, "train.py", *args, "--out_dir", str(killed)], cwd=REPO,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 120
-    while not (killed / "mla" / "ckpt.pt").exists() and time.time() < deadline and proc.poll() is None:
+    while not (rdir(killed, "mla") / "ckpt.pt").exists() and time.time() < deadline and proc.poll() is None:
         time.sleep(0.02)
     time.sleep(0.1)  # somewhere between checkpoints
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    ckpt = torch.load(killed / "mla" / "ckpt.pt", weights_only=True)
+    ckpt = torch.load(rdir(killed, "mla") / "ckpt.pt", weights_only=True)
     assert 0 < ckpt["iter"] < 80, "the run finished before it was killed; the test proves nothing"
-    (killed / "mla" / ".ckpt.pt.x1y2").write_bytes(b"as if killed inside atomic_write")
+    (rdir(killed, "mla") / ".ckpt.pt.x1y2").write_bytes(b"as if killed inside atomic_write")
     assert train.cli([*args, "--out_dir", str(killed), "--resume"]) == 0
-    assert not list((killed / "mla").glob(".*"))  # the stale temporary is gone
+    assert not list(rdir(killed, "mla").glob(".*"))  # the stale temporary is gone
     ref, resumed = metrics(tmp_path / "ref", "mla"), metrics(killed, "mla")
     assert [r["iter"] for r in resumed] == [r["iter"] for r in ref]  # none lost, none repeated
     assert strip_timing(resumed) == strip_timing(ref)  # bit-identical losses on CPU
@@ -895,13 +923,13 @@ def test_resume_refuses_a_different_setup(tmp_path, text_file, capsys):
 
 def test_corrupt_checkpoint_is_a_one_line_error(tmp_path, text_file, capsys):
     out = tmp_path / "out"
-    (out / "gqa").mkdir(parents=True)
-    (out / "gqa" / "ckpt.pt").write_bytes(b"garbage")
-    (out / "gqa" / "metrics.jsonl").write_text('[1, 2]\n{"iter": "x"}\n')
+    rdir(out, "gqa").mkdir(parents=True)
+    (rdir(out, "gqa") / "ckpt.pt").write_bytes(b"garbage")
+    (rdir(out, "gqa") / "metrics.jsonl").write_text('[1, 2]\n{"iter": "x"}\n')
     assert train.cli(["--out_dir", str(out), "--data", str(text_file), "--resume", *FAST]) == 2
     err = capsys.readouterr().err
     assert one_line_error(err) and "not a readable checkpoint" in err, err
-    assert train.read_metrics(out / "gqa" / "metrics.jsonl", 100) == []  # odd lines are skipped, not fatal
+    assert train.read_metrics(rdir(out, "gqa") / "metrics.jsonl", 100) == []  # odd lines are skipped, not fatal
 
 
 def test_lr_schedule_warmup_then_cosine_to_a_tenth():
@@ -928,7 +956,7 @@ def test_optimizer_and_init_follow_the_spec():
 
 def test_grad_accum_matches_one_big_batch(tmp_path, text_file):
     base = ["--attn", "gla2", "--data", str(text_file), "--max_iters", "10", "--batch_size", "8",
-            "--block_size", "32", "--eval_interval", "5", "--eval_iters", "2"]
+            "--block_size", "32", "--eval_interval", "5", "--eval_iters", "2", "--seeds", "1"]
     assert train.cli([*base, "--out_dir", str(tmp_path / "a")]) == 0
     assert train.cli([*base, "--out_dir", str(tmp_path / "b"), "--grad_accum", "4"]) == 0
     a, b = metrics(tmp_path / "a", "gla2"), metrics(tmp_path / "b", "gla2")
@@ -955,7 +983,7 @@ def test_llm_c_shards_are_read_in_sequence(tmp_path):
 
 def test_torchrun_two_processes_match_one(tmp_path, text_file):
     args = ["train.py", "--attn", "gla2", "--data", str(text_file), "--max_iters", "20", "--batch_size", "8",
-            "--block_size", "32", "--eval_interval", "10", "--eval_iters", "2", "--warmup_iters", "2"]
+            "--block_size", "32", "--eval_interval", "10", "--eval_iters", "2", "--warmup_iters", "2", "--seeds", "1"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     one = subprocess.run([sys.executable, *args, "--out_dir", str(tmp_path / "one")], cwd=REPO, env=env,
                          capture_output=True, text=True, timeout=300)

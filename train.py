@@ -7,13 +7,16 @@ Train one configuration of the double-heads ablation, or all six.
 
 The ablation (Liu et al., "Multi-Head Low-Rank Attention", ICLR 2026, arXiv
 2603.02188) trains GQA, MLA and GLA-2 twice: baseline, and with the query heads
-doubled at equal parameters and equal KV cache (gla.make_config). For a fair
-difference, every run of one ablation sees the same data in the same order,
-starts from the same seed, and is evaluated on the same fixed validation batches:
-batch `i` is a pure function of (seed, i), which also makes resuming exact.
+doubled at equal parameters and equal KV cache (gla.make_config), each for
+--seeds seeds (--seed, --seed + 1, ...). For a fair difference, the runs of one
+seed see the same data in the same order, start from the same torch seed, and
+are evaluated on the same fixed validation batches: batch `i` is a pure function
+of (seed, i), which also makes resuming exact. plot.py pairs baseline and double
+heads seed by seed, so the data noise cancels in their difference, and the
+spread across seeds is the band of the figure.
 
-Writes <out_dir>/<run>/{config.json, metrics.jsonl, ckpt.pt}, run = gqa,
-gqa_double_heads, mla, ... Bad input: one line on stderr, exit status 2.
+Writes <out_dir>/<run>/seed<seed>/{config.json, metrics.jsonl, ckpt.pt}, run =
+gqa, gqa_double_heads, mla, ... Bad input: one line on stderr, exit status 2.
 """
 
 import argparse
@@ -40,18 +43,19 @@ from tqdm import tqdm
 import gla
 
 VARIANTS = ("gqa", "mla", "gla2")
-MODEL_FLAGS = ("block_size", "vocab_size", "n_head", "n_kv_head")  # override the preset's model
+# Override the preset's model (gla.make_config derives everything else from them).
+MODEL_FLAGS = ("n_layer", "n_embd", "head_dim", "block_size", "vocab_size", "n_head", "n_kv_head")
 PLAIN_LOG_SECONDS = 60  # progress line interval when stderr is not a terminal (no tqdm bar)
 # llm.c / modded-nanogpt token shards: 256 int32 header [magic, version, n_tokens, ...], then uint16 tokens.
 SHARD_MAGIC, SHARD_VERSION, SHARD_HEADER_INTS = 20240520, 1, 256
 # Training defaults per preset; paper = SPEC.md (60 sequences x 8 GPUs, 100k iterations, ~98B tokens).
 TRAIN_DEFAULTS = {
     "tiny": dict(max_iters=400, batch_size=16, learning_rate=1e-3, warmup_iters=40,
-                 eval_interval=25, eval_iters=8, ckpt_interval=100),
+                 eval_interval=25, eval_iters=8, ckpt_interval=100, seeds=2),
     "small": dict(max_iters=10000, batch_size=64, learning_rate=6e-4, warmup_iters=500,
-                  eval_interval=250, eval_iters=20, ckpt_interval=1000),
+                  eval_interval=250, eval_iters=20, ckpt_interval=1000, seeds=1),
     "paper": dict(max_iters=100000, batch_size=480, learning_rate=1.6e-4, warmup_iters=2000,
-                  eval_interval=1000, eval_iters=20, ckpt_interval=1000),
+                  eval_interval=1000, eval_iters=20, ckpt_interval=1000, seeds=1),
 }
 
 
@@ -77,6 +81,9 @@ def get_args(argv=None):
     p.add_argument("--max_iters", type=int, help="optimizer steps (default: per preset)")
     p.add_argument("--batch_size", type=int, help="sequences per step, all processes together")
     p.add_argument("--grad_accum", type=int, default=1, help="micro-batches per process per step")
+    p.add_argument("--n_layer", type=int, help="layers (default: per preset)")
+    p.add_argument("--n_embd", type=int, help="model width (default: per preset)")
+    p.add_argument("--head_dim", type=int, help="head dim; MLA/GLA derive their dims from it (default: per preset)")
     p.add_argument("--block_size", type=int, help="sequence length (default: per preset)")
     p.add_argument("--vocab_size", type=int, help="vocabulary size (default: per preset; bytes need 256)")
     p.add_argument("--n_head", type=int, help="baseline query heads (default: n_embd / head_dim)")
@@ -93,7 +100,8 @@ def get_args(argv=None):
     p.add_argument("--device", help="cuda or cpu (default: cuda when available)")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], help="autocast dtype (default: bfloat16 on cuda)")
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
-    p.add_argument("--seed", type=int, default=1337)
+    p.add_argument("--seed", type=int, default=1337, help="first seed")
+    p.add_argument("--seeds", type=int, help="seeds per run: --seed, --seed + 1, ... (default: per preset)")
     p.add_argument("--resume", action="store_true", help="continue each run from its checkpoint")
     p.add_argument("--overwrite", action="store_true", help="start runs over even if they have a checkpoint")
     p.add_argument("--dry_run", action="store_true", help="print each run's model summary as JSON and exit")
@@ -101,7 +109,7 @@ def get_args(argv=None):
     for key, value in TRAIN_DEFAULTS[args.preset].items():
         if getattr(args, key) is None:
             setattr(args, key, value)
-    for key in ("max_iters", "batch_size", "grad_accum", "eval_interval", "eval_iters", "ckpt_interval",
+    for key in ("max_iters", "batch_size", "grad_accum", "eval_interval", "eval_iters", "ckpt_interval", "seeds",
                 *MODEL_FLAGS):
         value = getattr(args, key)
         if value is not None and value <= 0:
@@ -115,21 +123,32 @@ def get_args(argv=None):
         p.error(f"--weight_decay must be a finite number >= 0, got {args.weight_decay}")
     if args.resume and args.overwrite:
         p.error("--resume and --overwrite contradict each other; pass one")
-    if not 0 <= args.seed < 2**32:
-        p.error(f"--seed must be in [0, 2**32), got {args.seed}")
+    if not 0 <= args.seed and args.seed + args.seeds <= 2**32:
+        p.error(f"--seed must be in [0, 2**32 - seeds], got {args.seed}")
     return args
 
 
-def runs_of(args):
-    """(variant, double_heads) of each requested run, in the order they train."""
+def models_of(args):
+    """(variant, double_heads) of each requested model."""
     if args.attn == "all":
         return [(v, d) for v in VARIANTS for d in (False, True)]
     return [(args.attn, args.double_heads)]
 
 
+def runs_of(args):
+    """(variant, double_heads, seed) of each requested run, in the order they train:
+    seed by seed, so an interrupted ablation already has whole seeds to plot."""
+    return [(v, d, seed) for seed in range(args.seed, args.seed + args.seeds) for v, d in models_of(args)]
+
+
 def run_name(variant, double_heads):
-    """Folder name of a run under --out_dir: gqa, gqa_double_heads, mla, ..."""
+    """Folder name of a model under --out_dir: gqa, gqa_double_heads, mla, ..."""
     return variant + ("_double_heads" if double_heads else "")
+
+
+def run_dir(out_dir, variant, double_heads, seed):
+    """Folder of one run: <out_dir>/<run name>/seed<seed>."""
+    return pathlib.Path(out_dir) / run_name(variant, double_heads) / f"seed{seed}"
 
 
 def model_config(args, variant, double_heads):
@@ -200,12 +219,18 @@ def stdlib_corpus():
 def read_shard(path):
     """Tokens of one llm.c shard (uint16, memory-mapped) after checking its header."""
     header = np.fromfile(path, dtype=np.int32, count=SHARD_HEADER_INTS)
-    if len(header) < 3 or header[0] != SHARD_MAGIC:
+    hint = "regenerate it with llm.c's dev/data/fineweb.py"
+    if len(header) < 1 or header[0] != SHARD_MAGIC:
         raise UsageError(f"{path}: not an llm.c token shard (magic {header[0] if len(header) else None}, "
-                         f"expected {SHARD_MAGIC}); regenerate it with llm.c's dev/data/fineweb.py")
+                         f"expected {SHARD_MAGIC}); {hint}")
+    if len(header) < SHARD_HEADER_INTS:
+        raise UsageError(f"{path}: {os.path.getsize(path)} bytes, shorter than the {SHARD_HEADER_INTS * 4}-byte "
+                         f"header of an llm.c shard; the file is truncated, {hint}")
     if header[1] != SHARD_VERSION:
         raise UsageError(f"{path}: shard version {header[1]}, expected {SHARD_VERSION}")
     n_tokens, offset = int(header[2]), SHARD_HEADER_INTS * 4
+    if n_tokens < 0:
+        raise UsageError(f"{path}: header says {n_tokens} tokens, a negative count; the header is corrupt, {hint}")
     if os.path.getsize(path) != offset + 2 * n_tokens:
         raise UsageError(f"{path}: header says {n_tokens} tokens but the file holds "
                          f"{(os.path.getsize(path) - offset) / 2:g}; the shard is truncated or corrupt")
@@ -486,12 +511,13 @@ def train_step(model, x, y, args, ctx):
 
 
 def train_run(args, variant, double_heads, data, ctx, log):
-    """Train (or resume, or skip if finished) one run; returns its last evaluation."""
-    name = run_name(variant, double_heads)
+    """Train (or resume, or skip if finished) one run, the one of seed args.seed;
+    returns its last evaluation."""
+    folder = run_dir(args.out_dir, variant, double_heads, args.seed)
+    name = f"{run_name(variant, double_heads)} seed {args.seed}"
     config = model_config(args, variant, double_heads)
     spec = run_spec(args, config, data)
-    run_dir = pathlib.Path(args.out_dir) / name
-    ckpt_path, metrics_path = run_dir / "ckpt.pt", run_dir / "metrics.jsonl"
+    ckpt_path, metrics_path = folder / "ckpt.pt", folder / "metrics.jsonl"
 
     torch.manual_seed(args.seed)  # same init for every process and every resume
     model = gla.GPT(config).to(ctx.device)
@@ -499,11 +525,15 @@ def train_run(args, variant, double_heads, data, ctx, log):
     step, elapsed, loss_sum, loss_count, rows = 0, 0.0, 0.0, 0, []
     if args.resume and ckpt_path.exists():
         ckpt = load_checkpoint(ckpt_path, spec)
-        model.load_state_dict(ckpt["model"])
+        try:
+            gla.load_state(model, ckpt["model"])
+        except ValueError as e:
+            raise UsageError(f"cannot resume {ckpt_path}: {e}") from None
         optimizer.load_state_dict(ckpt["optimizer"])
         set_rng_state(ckpt["rng"])
         step, elapsed = ckpt["iter"], ckpt["elapsed_s"]
         loss_sum, loss_count = ckpt["train_loss_sum"], ckpt["train_loss_count"]
+        del ckpt  # the model and optimizer hold copies now: no second set of weights for the whole run
         rows = read_metrics(metrics_path, step)
         if step >= args.max_iters:
             log(f"{name}: finished at iteration {step}, skipped")
@@ -512,11 +542,11 @@ def train_run(args, variant, double_heads, data, ctx, log):
     if ctx.master:
         if step == 0:  # starting over: a stale checkpoint must not be resumed later
             ckpt_path.unlink(missing_ok=True)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        for tmp in run_dir.glob(".*.pt.*"):  # left by a process killed inside atomic_write
+        folder.mkdir(parents=True, exist_ok=True)
+        for tmp in folder.glob(".*.pt.*"):  # left by a process killed inside atomic_write
             tmp.unlink()
         info = {**spec, "data": {**spec["data"], "source": data.source}}
-        atomic_write(run_dir / "config.json", lambda f: f.write(json.dumps(info, indent=2).encode()))
+        atomic_write(folder / "config.json", lambda f: f.write(json.dumps(info, indent=2).encode()))
         # Rewrite the metrics so they end exactly at the checkpoint: a resume neither
         # repeats nor loses an evaluation.
         atomic_write(metrics_path, lambda f: f.write("".join(json.dumps(r) + "\n" for r in rows).encode()))
@@ -603,17 +633,18 @@ def main(argv=None):
     """Train the requested runs (or print their --dry_run summaries); returns 0.
     Raises UsageError / ConfigError for bad input, Diverged for a NaN loss."""
     args = get_args(argv)
-    runs = runs_of(args)
-    configs = [model_config(args, v, d) for v, d in runs]  # ConfigError before anything is written
+    models = models_of(args)
+    configs = [model_config(args, v, d) for v, d in models]  # ConfigError before anything is written
     if args.dry_run:
-        for (v, d), config in zip(runs, configs):
+        for (v, d), config in zip(models, configs):
             print(json.dumps(summary(config, v, d, args.preset)))
         return 0
+    runs = runs_of(args)
     if not (args.resume or args.overwrite):  # a forgotten --resume must not discard days of training
-        for v, d in runs:
-            run_dir = pathlib.Path(args.out_dir) / run_name(v, d)
-            if (run_dir / "ckpt.pt").exists():
-                raise UsageError(f"{run_dir} already holds a trained run; "
+        for run in runs:
+            folder = run_dir(args.out_dir, *run)
+            if (folder / "ckpt.pt").exists():
+                raise UsageError(f"{folder} already holds a trained run; "
                                  "pass --resume to continue it, --overwrite to start over, or another --out_dir")
     ctx = setup_context(args)
     log = tqdm.write if ctx.master else (lambda msg: None)
@@ -626,12 +657,13 @@ def main(argv=None):
         f"sha256 {data.fingerprint}; {ctx.world_size} process(es) on {ctx.device}, {args.dtype or ctx.dtype}")
 
     results = {}
-    for variant, double_heads in tqdm(runs, desc="ablation", disable=None if ctx.master and len(runs) > 1 else True):
-        last = train_run(args, variant, double_heads, data, ctx, log)
-        results[run_name(variant, double_heads)] = last
-    for name, last in results.items():
+    for variant, double_heads, seed in tqdm(runs, desc="ablation", disable=None if ctx.master and len(runs) > 1 else True):
+        run_args = argparse.Namespace(**{**vars(args), "seed": seed})  # the run's own seed, everything else shared
+        results[run_dir(args.out_dir, variant, double_heads, seed)] = train_run(run_args, variant, double_heads, data,
+                                                                                 ctx, log)
+    for folder, last in results.items():
         if last:
-            log(f"{name}: final val loss {last['val_loss']:.4f} after {last['tokens']:,} tokens")
+            log(f"{folder}: final val loss {last['val_loss']:.4f} after {last['tokens']:,} tokens")
     if ctx.world_size > 1:
         dist.destroy_process_group()
     return 0

@@ -42,10 +42,12 @@ from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 from matplotlib.ticker import FuncFormatter  # noqa: E402
 
-# (run name of the baseline, legend label, colour, marker size), in the reference
-# figure's order. Marker sizes shrink down the list and later variants draw on top,
-# so markers at the same point nest like rings and every variant stays visible.
-VARIANTS = [("gqa", "GQA", "teal", 9), ("mla", "MLA", "royalblue", 6.5), ("gla2", "GLA-2", "gray", 4)]
+# (run name of the baseline, legend label, colour, (line width, marker size)), in the
+# reference figure's order. Widths and sizes shrink down the list and later variants
+# draw on top, so curves that coincide nest (a wide teal line around a narrower blue
+# one, rings of markers) and every variant stays visible.
+VARIANTS = [("gqa", "GQA", "teal", (3.4, 10)), ("mla", "MLA", "royalblue", (2.0, 6.5)),
+            ("gla2", "GLA-2", "gray", (1.0, 3.5))]
 DOUBLE_SUFFIX = "_double_heads"
 SEED_PREFIX = "seed"
 CSV_COLUMNS = ["variant", "tokens", "n_seeds", "val_loss_baseline", "val_loss_double_heads",
@@ -212,11 +214,10 @@ def plot(curves, colours, path):
     ax.set_yscale("symlog", linthresh=linthresh, linscale=0.5)
     ax.axhline(0.0, color="black", lw=0.8, ls="--", zorder=1)
     for z, (label, c) in enumerate(curves.items()):
-        colour, size = colours[label]
+        colour, (width, size) = colours[label]
         x = c.tokens / scale
         name = label if len(c.seeds) == 1 else f"{label} ({len(c.seeds)} seeds)"
-        ax.plot(x, c.mean, color=colour, lw=1.6, marker="o", ms=size, mec="white", mew=0.7,
-                label=name, zorder=3 + z)
+        ax.plot(x, c.mean, color=colour, lw=width, marker="o", ms=size, label=name, zorder=3 + z)
         if len(c.seeds) > 1:
             ax.fill_between(x, c.low, c.high, color=colour, alpha=0.18, lw=0, zorder=2)
     lo, hi = values.min(), values.max()

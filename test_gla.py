@@ -23,6 +23,7 @@ import signal
 import subprocess
 import sys
 import time
+import weakref
 
 import numpy as np
 import pytest
@@ -645,6 +646,49 @@ def test_different_lengths_plot_overlap_and_duplicates_keep_last(tmp_path, capsy
     assert gqa[tokens[2]][4] == pytest.approx(9.0 - losses["gqa_double_heads"][2])
 
 
+def _colour_pixels(png, rgb, rows=slice(None)):
+    """Pixels of `png` within a small distance of the colour rgb (0-255), in the given rows."""
+    import matplotlib.image
+
+    img = matplotlib.image.imread(png)[rows, :, :3] * 255
+    return int((np.abs(img - np.array(rgb)).max(axis=-1) < 12).sum())
+
+
+def test_every_variant_stays_visible_when_curves_coincide_or_mirror(tmp_path):
+    # GQA and MLA identical at every point (+0.01), GLA-2 their mirror image (-0.01):
+    # one curve drawn over another must not hide it.
+    out = tmp_path / "out"
+    tokens = np.arange(1, 9) * 100_000
+    for run, delta in (("gqa", 0.01), ("mla", 0.01), ("gla2", -0.01)):
+        base = 3.0 - 0.05 * np.arange(8)
+        _write_run(out, run, tokens, base)
+        _write_run(out, run + "_double_heads", tokens, base - delta)
+    rc, png, _ = _run_main(tmp_path, out)
+    assert rc == 0
+    below_legend = slice(190, None)  # rows under the top-left legend, which also shows each colour
+    for name, rgb in (("GQA teal", (0, 128, 128)), ("MLA royalblue", (65, 105, 225)), ("GLA-2 gray", (128, 128, 128))):
+        assert _colour_pixels(png, rgb, below_legend) > 150, f"{name} is hidden"
+
+
+def test_seeds_missing_one_run_are_left_out_with_a_note(tmp_path, capsys):
+    out = tmp_path / "out"
+    tokens, losses = _synthetic()
+    for seed, shift in ((1, 0.0), (2, 0.002), (3, 0.004)):
+        for run in RUNS:
+            if not (seed == 3 and run == "mla_double_heads"):
+                _write_run(out / run, f"seed{seed}", tokens, losses[run] - (shift if "double" in run else 0))
+    rc, _, csv = _run_main(tmp_path, out)
+    assert rc == 0
+    assert "MLA: seed 3 has only one of its two runs" in capsys.readouterr().err
+    rows = list(csv_rows(csv))
+    assert {r["variant"]: r["n_seeds"] for r in rows} == {"GQA": "3", "MLA": "2", "GLA-2": "3"}
+    gqa = [r for r in rows if r["variant"] == "GQA"][0]  # seeds' dL: d, d + 0.002, d + 0.004
+    d = losses["gqa"][0] - losses["gqa_double_heads"][0]
+    assert float(gqa["dL_mean"]) == pytest.approx(d + 0.002, abs=1e-12)
+    assert float(gqa["dL_high"]) - float(gqa["dL_mean"]) == pytest.approx(0.002 / math.sqrt(3), abs=1e-12)  # 1 s.e.
+    assert gqa["dL_seed3"] != "" and [r for r in rows if r["variant"] == "MLA"][0]["dL_seed3"] == ""
+
+
 def test_cli_subprocess_end_to_end(tmp_path):
     out = tmp_path / "out"
     _write_all(out)
@@ -802,11 +846,15 @@ def bad_inputs(tmp_path):
     write_tokens(big / "val.bin", [7] * 600)
     (tmp_path / "a_file").write_text("x")
     for name, header, n in [("magic", [123, 1, 600], 600), ("version", [20240520, 2, 600], 600),
-                            ("length", [20240520, 1, 900], 600)]:
+                            ("length", [20240520, 1, 900], 600), ("negative", [20240520, 1, -5], 600)]:
         d = tmp_path / name
         d.mkdir()
         write_tokens(d / "fw_train_000001.bin", [1] * n, header)
         write_tokens(d / "fw_val_000000.bin", [1] * 600, [20240520, 1, 600])
+    stub = tmp_path / "stub"  # 8 bytes: the right magic and version, then nothing
+    stub.mkdir()
+    (stub / "fw_train_000001.bin").write_bytes(np.array([20240520, 1], dtype=np.int32).tobytes())
+    write_tokens(stub / "fw_val_000000.bin", [1] * 600, [20240520, 1, 600])
     cases = {
         ("--attn", "foo"): "invalid choice",
         ("--preset", "huge"): "invalid choice",
@@ -820,6 +868,8 @@ def bad_inputs(tmp_path):
         ("--data", str(tmp_path / "magic")): "magic",
         ("--data", str(tmp_path / "version")): "version 2",
         ("--data", str(tmp_path / "length")): "truncated",
+        ("--data", str(tmp_path / "negative")): "-5 tokens, a negative count",
+        ("--data", str(stub)): "8 bytes, shorter than the 1024-byte header",
         ("--max_iters", "0"): "--max_iters must be positive",
         ("--batch_size", "-2"): "--batch_size must be positive",
         ("--block_size", "0"): "--block_size must be positive",
@@ -831,6 +881,7 @@ def bad_inputs(tmp_path):
         ("--learning_rate", "inf"): "--learning_rate must be a positive finite number",
         ("--weight_decay", "nan"): "--weight_decay must be a finite number",
         ("--seed", "-1"): "--seed must be in",
+        ("--seeds", "0"): "--seeds must be positive",
         ("--warmup_iters", "-1"): "--warmup_iters must be zero or more",
         ("--resume", "--overwrite"): "contradict",
     }
@@ -930,6 +981,55 @@ def test_corrupt_checkpoint_is_a_one_line_error(tmp_path, text_file, capsys):
     err = capsys.readouterr().err
     assert one_line_error(err) and "not a readable checkpoint" in err, err
     assert train.read_metrics(rdir(out, "gqa") / "metrics.jsonl", 100) == []  # odd lines are skipped, not fatal
+
+
+def test_resume_frees_the_loaded_checkpoint_and_strips_wrapper_prefixes(tmp_path, text_file, monkeypatch):
+    out = tmp_path / "out"
+    argv = ["--attn", "mla", "--out_dir", str(out), "--data", str(text_file), *FAST, "--ckpt_interval", "10"]
+    real_step, steps = train.train_step, []
+
+    def interrupted(*args):  # a kill at step 15, after the checkpoint of step 10
+        steps.append(1)
+        if len(steps) > 15:
+            raise KeyboardInterrupt
+        return real_step(*args)
+
+    monkeypatch.setattr(train, "train_step", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        train.cli(argv)
+    path = rdir(out, "mla") / "ckpt.pt"
+    ckpt = torch.load(path, weights_only=True)
+    assert ckpt["iter"] == 10
+    # as if saved through torch.compile inside DDP: module._orig_mod.<name>
+    ckpt["model"] = {"module._orig_mod." + k: v for k, v in ckpt["model"].items()}
+    torch.save(ckpt, path)
+    del ckpt
+
+    real_load, loaded = train.load_checkpoint, []
+
+    def spy(*args):
+        ckpt = real_load(*args)
+        loaded.append(weakref.ref(ckpt["model"]["module._orig_mod.blocks.0.attn.wkv_b"]))
+        return ckpt
+
+    def check_freed(*args):
+        assert loaded and loaded[0]() is None, "the loaded checkpoint is still held while training resumes"
+        return real_step(*args)
+
+    monkeypatch.setattr(train, "load_checkpoint", spy)
+    monkeypatch.setattr(train, "train_step", check_freed)
+    assert train.cli(argv + ["--resume"]) == 0
+    assert [r["iter"] for r in metrics(out, "mla")] == [10, 20, 30]
+
+
+def test_load_state_errors_are_one_line():
+    model = gla.GPT(gla.make_config("tiny", "gqa"))
+    state = model.state_dict()
+    with pytest.raises(ValueError, match=r"^the weights do not fit this model \(missing: blocks.0.attn.wq.weight\)$"):
+        gla.load_state(model, {k: v for k, v in state.items() if k != "blocks.0.attn.wq.weight"})
+    wrong = dict(state, **{"norm.weight": torch.ones(3)})
+    with pytest.raises(ValueError, match=r"shape differs: norm.weight \(3,\) vs \(256,\)"):
+        gla.load_state(model, wrong)
 
 
 def test_lr_schedule_warmup_then_cosine_to_a_tenth():

@@ -777,7 +777,7 @@ def test_batches_are_a_function_of_seed_and_step(text_file):
     assert window in raw[: int(0.9 * len(raw))]  # train windows come from the train split
 
 
-def test_attn_all_trains_six_runs_per_seed_then_plot_pairs_seeds_and_resume_skips(tmp_path, text_file, capsys):
+def test_attn_all_trains_six_runs_per_seed_then_plot_pairs_seeds_and_resume_skips(tmp_path, text_file, capfd):
     out = tmp_path / "out"
     argv = ["--attn", "all", "--out_dir", str(out), "--data", str(text_file), *FAST, "--seeds", "2"]
     assert train.cli(argv) == 0
@@ -789,12 +789,19 @@ def test_attn_all_trains_six_runs_per_seed_then_plot_pairs_seeds_and_resume_skip
         # a run's seed fixes its init and its data order (batch i = f(seed, i)), shared by the pair
         assert json.loads((folder / "config.json").read_text())["train"]["seed"] == int(folder.name[4:])
     assert metrics(out, "gqa", SEED) != metrics(out, "gqa", SEED + 1)
+    # The two seeds trained side by side (--jobs defaults to min(seeds, threads)); one
+    # process alone gives the same losses, up to the threads' summation order.
+    alone = tmp_path / "alone"
+    assert train.cli(["--attn", "gqa", "--out_dir", str(alone), "--data", str(text_file), *FAST,
+                      "--seed", str(SEED + 1), "--jobs", "1"]) == 0
+    for a, b in zip(metrics(alone, "gqa", SEED + 1), metrics(out, "gqa", SEED + 1)):
+        assert a["val_loss"] == pytest.approx(b["val_loss"], abs=1e-4)
     before = {f: (f / "metrics.jsonl").read_text() for f in folders}
-    capsys.readouterr()
+    capfd.readouterr()
     assert train.cli(argv) == 2  # a forgotten --resume does not wipe finished runs
-    assert "already holds a trained run" in capsys.readouterr().err
+    assert "already holds a trained run" in capfd.readouterr().err
     assert train.cli(argv + ["--resume"]) == 0
-    assert capsys.readouterr().out.count("skipped") == 12
+    assert capfd.readouterr().out.count("skipped") == 12  # capfd: the --jobs workers print to the real stdout
     assert before == {f: (f / "metrics.jsonl").read_text() for f in folders}
     png = tmp_path / "fig.png"
     assert plot.main(["--out_dir", str(out), "--output", str(png)]) == 0
@@ -882,6 +889,7 @@ def bad_inputs(tmp_path):
         ("--weight_decay", "nan"): "--weight_decay must be a finite number",
         ("--seed", "-1"): "--seed must be in",
         ("--seeds", "0"): "--seeds must be positive",
+        ("--jobs", "0"): "--jobs must be positive",
         ("--warmup_iters", "-1"): "--warmup_iters must be zero or more",
         ("--resume", "--overwrite"): "contradict",
     }

@@ -25,13 +25,16 @@ import dataclasses
 import hashlib
 import json
 import math
+import multiprocessing
 import os
 import pathlib
+import platform
 import random
 import sys
 import sysconfig
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
 from contextlib import nullcontext
 
 import numpy as np
@@ -102,15 +105,19 @@ def get_args(argv=None):
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
     p.add_argument("--seed", type=int, default=1337, help="first seed")
     p.add_argument("--seeds", type=int, help="seeds per run: --seed, --seed + 1, ... (default: per preset)")
+    p.add_argument("--jobs", type=int, help="CPU: seeds trained at once, one process each, the cores shared "
+                                            "between them (default: as many as seeds and cores allow)")
     p.add_argument("--resume", action="store_true", help="continue each run from its checkpoint")
     p.add_argument("--overwrite", action="store_true", help="start runs over even if they have a checkpoint")
     p.add_argument("--dry_run", action="store_true", help="print each run's model summary as JSON and exit")
+    p.add_argument("--bench", action="store_true",
+                   help="print training tokens/s per variant and batch shape (and HF transformers', if installed)")
     args = p.parse_args(argv)
     for key, value in TRAIN_DEFAULTS[args.preset].items():
         if getattr(args, key) is None:
             setattr(args, key, value)
     for key in ("max_iters", "batch_size", "grad_accum", "eval_interval", "eval_iters", "ckpt_interval", "seeds",
-                *MODEL_FLAGS):
+                "jobs", *MODEL_FLAGS):
         value = getattr(args, key)
         if value is not None and value <= 0:
             p.error(f"--{key} must be positive, got {value}")
@@ -155,6 +162,71 @@ def model_config(args, variant, double_heads):
     """GPTConfig of one run: the preset, the variant, and the model flags. Raises ConfigError."""
     overrides = {k: getattr(args, k) for k in MODEL_FLAGS if getattr(args, k) is not None}
     return gla.make_config(args.preset, variant, double_heads, **overrides)
+
+
+BENCH_SHAPES = ((16, 128), (8, 512))  # (sequences, tokens each) per training step
+BENCH_STEPS = 6  # timed steps per model and shape, after BENCH_WARMUP
+BENCH_WARMUP = 2
+
+
+def machine():
+    """One line naming this machine: CPU model or GPU, threads, torch version."""
+    if torch.cuda.is_available():
+        name = torch.cuda.get_device_name()
+    else:
+        name = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
+                    platform.processor() or platform.machine()) if os.path.exists("/proc/cpuinfo") else platform.machine()
+    return f"{name}, {torch.get_num_threads()} threads, torch {torch.__version__}"
+
+
+def bench(args, ctx):
+    """Training tokens/s (forward, backward, AdamW step) of all six models of the
+    preset (with the model flags applied) at the BENCH_SHAPES batches; with HF transformers installed, also
+    its model at equal dims (gla.hf_twin). The two take turns step by step in this
+    process, so both see the same machine load; we report medians."""
+    try:
+        import transformers  # noqa: F401
+        contenders = ("ours", "hf")
+    except ImportError:
+        contenders = ("ours",)
+    print(f"training throughput on {machine()}, {ctx.dtype}" + ("" if "hf" in contenders else
+          "; pip install transformers to compare with HF"))
+    print(f"{'model':<20}{'batch':>9}{'ours tok/s':>12}" + (f"{'HF tok/s':>10}{'ours / HF':>11}" if "hf" in contenders
+                                                            else ""))
+    for variant, double_heads in models_of(argparse.Namespace(attn="all")):
+        for batch, T in BENCH_SHAPES:
+            config = model_config(argparse.Namespace(**{**vars(args), "block_size": T}), variant, double_heads)
+            x = torch.randint(config.vocab_size, (batch, T), device=ctx.device)
+            steps = {}
+            for who in contenders:
+                torch.manual_seed(0)
+                model = (gla.GPT(config) if who == "ours" else gla.hf_twin(config)).to(ctx.device)
+                train_model = torch.compile(model) if args.compile and who == "ours" else model
+                optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+                def step(model=train_model, optimizer=optimizer, who=who):
+                    t0 = time.perf_counter()
+                    with ctx.autocast():
+                        loss = model(x, x)[1] if who == "ours" else model(input_ids=x, labels=x).loss
+                    loss.backward()
+                    optimizer.step()
+                    optimizer.zero_grad(set_to_none=True)
+                    if ctx.device.type == "cuda":
+                        torch.cuda.synchronize()
+                    return time.perf_counter() - t0
+                steps[who] = step
+            times = {who: [] for who in contenders}
+            for i in range(BENCH_WARMUP + BENCH_STEPS):
+                for who in contenders:
+                    t = steps[who]()
+                    if i >= BENCH_WARMUP:
+                        times[who].append(t)
+            rate = {who: batch * T / float(np.median(t)) for who, t in times.items()}
+            line = f"{run_name(variant, double_heads):<20}{f'{batch}x{T}':>9}{rate['ours']:>12.0f}"
+            if "hf" in rate:
+                line += f"{rate['hf']:>10.0f}{rate['ours'] / rate['hf']:>10.2f}x"
+            print(line, flush=True)
+    return 0
 
 
 def summary(config, variant, double_heads, preset):
@@ -351,6 +423,8 @@ class Context:
     dtype: torch.dtype
     rank: int = 0
     world_size: int = 1
+    bars: bool = True  # tqdm bars on a terminal; off in --jobs workers, whose output interleaves
+    threads: int = dataclasses.field(default_factory=torch.get_num_threads)  # CPU threads for this process
 
     @property
     def master(self):
@@ -574,7 +648,8 @@ def train_run(args, variant, double_heads, data, ctx, log):
             atomic_write(ckpt_path, lambda f: torch.save(ckpt, f))
 
     # disable=None: progress bars on a terminal only, so logs in files stay readable.
-    bar = tqdm(total=args.max_iters, initial=step, desc=name, disable=None if ctx.master else True, leave=False,
+    bar = tqdm(total=args.max_iters, initial=step, desc=name, disable=None if ctx.master and ctx.bars else True,
+               leave=False,
                dynamic_ncols=True)
     t0 = time.time() - elapsed
     last_log = time.time()
@@ -635,6 +710,8 @@ def main(argv=None):
     args = get_args(argv)
     models = models_of(args)
     configs = [model_config(args, v, d) for v, d in models]  # ConfigError before anything is written
+    if args.bench:
+        return bench(args, setup_context(args))
     if args.dry_run:
         for (v, d), config in zip(models, configs):
             print(json.dumps(summary(config, v, d, args.preset)))
@@ -647,26 +724,63 @@ def main(argv=None):
                 raise UsageError(f"{folder} already holds a trained run; "
                                  "pass --resume to continue it, --overwrite to start over, or another --out_dir")
     ctx = setup_context(args)
+    jobs = jobs_of(args, ctx)
     log = tqdm.write if ctx.master else (lambda msg: None)
     # Every process checks and loads the same data (the corpus cache is written
     # atomically, so concurrent builds are safe): a bad input stops all of them alike.
     data = TokenData.load(args.data, args.out_dir)
     data.check(max(c.block_size for c in configs), min(c.vocab_size for c in configs))
     check_out_dir(args.out_dir)
+    where = f"{jobs} processes of {ctx.threads // jobs} threads" if jobs > 1 else f"{ctx.world_size} process(es)"
     log(f"data: {data.source}, {data.n_tokens['train']:,} train / {data.n_tokens['val']:,} val tokens, "
-        f"sha256 {data.fingerprint}; {ctx.world_size} process(es) on {ctx.device}, {args.dtype or ctx.dtype}")
+        f"sha256 {data.fingerprint}; {where} on {ctx.device}, {args.dtype or ctx.dtype}")
 
-    results = {}
-    for variant, double_heads, seed in tqdm(runs, desc="ablation", disable=None if ctx.master and len(runs) > 1 else True):
-        run_args = argparse.Namespace(**{**vars(args), "seed": seed})  # the run's own seed, everything else shared
-        results[run_dir(args.out_dir, variant, double_heads, seed)] = train_run(run_args, variant, double_heads, data,
-                                                                                 ctx, log)
+    seeds = list(range(args.seed, args.seed + args.seeds))
+    if jobs == 1:
+        results = train_seeds(args, seeds, data, ctx, log)
+    else:
+        # Tiny models use few cores well: one process per seed, each with its share
+        # of the cores, trains more tokens per second than one process using them all.
+        pool = ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"))
+        with pool:
+            futures = [pool.submit(train_seed_process, args, seed, dataclasses.replace(
+                ctx, threads=ctx.threads // jobs, bars=False)) for seed in seeds]
+            results = {k: v for f in futures for k, v in f.result().items()}  # a worker's error is raised here
     for folder, last in results.items():
         if last:
             log(f"{folder}: final val loss {last['val_loss']:.4f} after {last['tokens']:,} tokens")
     if ctx.world_size > 1:
         dist.destroy_process_group()
     return 0
+
+
+def jobs_of(args, ctx):
+    """Processes that train seeds side by side: --jobs, else as many as seeds and
+    threads allow on CPU, 1 on GPUs and under torchrun. Raises UsageError."""
+    if args.jobs is None:
+        return max(1, min(args.seeds, ctx.threads)) if ctx.device.type == "cpu" and ctx.world_size == 1 else 1
+    if args.jobs > 1 and (ctx.device.type != "cpu" or ctx.world_size > 1):
+        raise UsageError("--jobs is for CPU runs in one process; on GPUs, use torchrun")
+    return min(args.jobs, args.seeds)
+
+
+def train_seeds(args, seeds, data, ctx, log):
+    """Train every requested model for each seed in turn; {run folder: last evaluation}."""
+    runs = [(v, d, s) for v, d, s in runs_of(args) if s in seeds]
+    results = {}
+    for variant, double_heads, seed in tqdm(runs, desc="ablation",
+                                            disable=None if ctx.master and ctx.bars and len(runs) > 1 else True):
+        run_args = argparse.Namespace(**{**vars(args), "seed": seed})  # the run's own seed, everything else shared
+        results[run_dir(args.out_dir, variant, double_heads, seed)] = train_run(run_args, variant, double_heads, data,
+                                                                                 ctx, log)
+    return results
+
+
+def train_seed_process(args, seed, ctx):
+    """One --jobs worker: the runs of one seed, on ctx.threads threads."""
+    torch.set_num_threads(ctx.threads)
+    data = TokenData.load(args.data, args.out_dir)  # the checked data, read again (corpus: from its cache)
+    return train_seeds(args, [seed], data, ctx, lambda msg: print(msg, flush=True))
 
 
 def cli(argv=None):

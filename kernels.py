@@ -24,11 +24,23 @@ HBM, and the best a kernel can do is to read every byte once:
 
 GLA-2 halves the bytes per head group compared with MLA (256 + 64 instead of
 512 + 64 elements per token), and under TP-2 each device reads only its own
-latent head. `python kernels.py --bench` reports the percentage of this floor.
+latent head.
+
+    python kernels.py --sass    # what the compiler makes of the kernel for an H100/H200 (no GPU needed)
+    python kernels.py --check   # on a GPU: bf16 results against the reference, then --bench
+    python kernels.py --bench   # on a GPU: time against the floor
 """
 import argparse
+import functools
+import inspect
+import json
 import math
+import os
+import re
+import subprocess
 import sys
+import tempfile
+import time
 from contextlib import nullcontext
 
 import torch
@@ -41,18 +53,43 @@ try:  # Triton is Linux-only in requirements; the reference path must import wit
 except ImportError:
     triton = None
 
-# Tile sizing. We keep one program's fp32 accumulator (rows x Dv) at or under
-# MAX_ACC_ELEMS so it stays in registers, and one stage of the K+V tile at or under
-# KV_TILE_BYTES of shared memory (two stages fit an H100/H200's 228 KiB).
+# How the split kernel is shaped for an H100/H200 (sm_90). `python kernels.py --sass`
+# compiles it for every bench shape and prints the figures quoted here.
+#
+# Warps and registers. NUM_WARPS = 4 is one warpgroup, the unit of a Hopper wgmma. One
+# program keeps its fp32 accumulator (rows x Dv) in registers; MAX_ACC_ELEMS = 16K of
+# them is 128 registers a thread. A thread may use up to 255, and 128 threads x 256
+# registers = 32K, so two CTAs always fit an SM's 64K register file without a cap
+# (MLA and GLA-2 at Lq 2 compile to ~250 registers and no spills); GQA's 16 x 128
+# accumulator leaves room for more. With 8 warps MLA took 164 registers a thread, and
+# 256 threads x 168 allowed one CTA per SM.
 MAX_ACC_ELEMS = 16384
-KV_TILE_BYTES = 64 * 1024
+NUM_WARPS = 4
 MIN_BLOCK = 16  # tl.dot needs every dimension >= 16
 MAX_BLOCK_N = 128
-NUM_STAGES = 2
-SMALL_TILE_ELEMS = 4096  # tiles up to this many accumulator elements use 4 warps, larger ones 8
-# Split-KV sizing: enough programs to fill the GPU's SMs (H200: 132), but we stop
-# splitting once the fp32 partial outputs (written, then read back by the combine
-# step) would exceed MAX_PARTIAL_TRAFFIC of the cache bytes the kernel reads.
+# Shared memory and the pipeline. One stage of K+V tiles is about KV_TILE_BYTES = 16 KiB
+# (GQA: 32 tokens x (128 + 128) x 2 bytes; MLA and GLA-2: 16 tokens x (64 + 512) or
+# (64 + 256) x 2 bytes, the 16-token floor of tl.dot). Triton's num_stages=4 keeps 3
+# such buffers (4 when wgmma reads the tiles, as it may still hold the last one): the
+# loop computes on one tile while the next two arrive by cp.async, and the SASS waits
+# with `DEPBAR.LE SB0, 0x4` (2 tiles x 2 copy groups still in flight). Per SM that is
+# CTAs x 2 tiles x 16 KiB = 64 to 128 KiB in flight, against the ~30 KiB that Little's
+# law asks (4.8 TB/s x ~0.8 us latency / 132 SMs). Before, at num_stages=2 with 64 KiB
+# tiles, every copy was waited for (`DEPBAR.LE SB0, 0x0`) before compute.
+KV_TILE_BYTES = 16 * 1024
+NUM_STAGES = 4
+# CTAs per SM that the plan counts on (the sm_90 test checks that the build reaches
+# them): 3 when the accumulator is small (GQA, 16 x 128: ~80 registers and ~53 KiB of
+# shared memory a CTA), else 2.
+SMALL_ACC_ELEMS = 4096
+CTAS_PER_SM_SMALL_ACC, CTAS_PER_SM = 3, 2
+# Speculative decoding verifies a few drafted tokens at once; a prompt (prefill) is
+# attention of another shape, which the model runs through F.scaled_dot_product_attention.
+# Lq is a runtime argument: Lq up to MAX_LQ compiles once per power-of-two row tile.
+MAX_LQ = 16
+# Split-KV sizing (see _split_count): programs in whole waves over the SMs (H200: 132),
+# while the fp32 partial outputs (written, then read back by the combine step) stay
+# near MAX_PARTIAL_TRAFFIC of the cache bytes the kernel reads.
 DEFAULT_NUM_SMS = 132
 MAX_PARTIAL_TRAFFIC = 0.125
 COMBINE_BLOCK_D = 64
@@ -161,35 +198,39 @@ if triton is not None:
         Q, QV, K, V, SEQLENS, O_PART, LSE_PART,
         stride_qb, stride_ql, stride_qh, stride_qvb, stride_qvl, stride_qvh,
         stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-        scale_log2, split_len, n_splits, Hq, Hkv, Dk, Dv,
-        LQ: tl.constexpr, GROUP: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_M: tl.constexpr,
-        BLOCK_N: tl.constexpr, BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr,
-        HAS_QV: tl.constexpr, PRECISION: tl.constexpr,
+        scale_log2, split_len, n_splits, Lq, Hq, Hkv, group, heads_per_block, Dk, Dv,
+        LQ_BLOCK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DK: tl.constexpr,
+        BLOCK_DV: tl.constexpr, HAS_QV: tl.constexpr, PRECISION: tl.constexpr,
     ):
-        # One program: heads [hb * BLOCK_H, (hb + 1) * BLOCK_H) of group g, all LQ new
-        # tokens, cache positions [split * split_len, (split + 1) * split_len).
+        # One program: heads [hb * heads_per_block, (hb + 1) * heads_per_block) of group g,
+        # all Lq new tokens, cache positions [split * split_len, (split + 1) * split_len).
+        # Lq, group and heads_per_block are runtime values (Triton still specialises a 1);
+        # each head takes LQ_BLOCK = Lq rounded up to a power of two rows, so Lq up to
+        # MAX_LQ compiles at most 5 variants, and r // LQ_BLOCK is a shift. (With Lq itself
+        # at run time, r // Lq and r % Lq cost MLA and GLA-2 at Lq 2 the last few registers:
+        # 255 and up to 128 bytes of spills.)
         hb = tl.program_id(0)
         split = tl.program_id(1)
         bg = tl.program_id(2).to(tl.int64)  # int64: b * stride_kb overflows int32 at 128K x B 32
         b = bg // Hkv
         g = bg % Hkv
         seqlen = tl.load(SEQLENS + b)
-        # Row r of the tile is (head hb * BLOCK_H + r // LQ of the group, new token r % LQ).
+        # Row r of the tile is (head hb * heads_per_block + r // LQ_BLOCK of the group, new token r % LQ_BLOCK).
         rows = tl.arange(0, BLOCK_M)
-        head_in_group = hb * BLOCK_H + rows // LQ
-        tok = rows % LQ
-        row_ok = (rows < BLOCK_H * LQ) & (head_in_group < GROUP)
-        h = g * GROUP + head_in_group
+        tok = rows % LQ_BLOCK
+        head_in_group = hb * heads_per_block + rows // LQ_BLOCK
+        row_ok = (tok < Lq) & (rows < heads_per_block * LQ_BLOCK) & (head_in_group < group)
+        h = g * group + head_in_group  # int64, as g: every offset below may pass 2^31
         dk = tl.arange(0, BLOCK_DK)
         dv = tl.arange(0, BLOCK_DV)
         dk_ok = dk < Dk
         dv_ok = dv < Dv
-        q = tl.load(Q + b * stride_qb + tok[:, None] * stride_ql + h[:, None] * stride_qh + dk[None, :],
+        q = tl.load(Q + b * stride_qb + tok[:, None].to(tl.int64) * stride_ql + h[:, None] * stride_qh + dk[None, :],
                     mask=row_ok[:, None] & dk_ok[None, :], other=0.0)
         if HAS_QV:
-            qv = tl.load(QV + b * stride_qvb + tok[:, None] * stride_qvl + h[:, None] * stride_qvh + dv[None, :],
-                         mask=row_ok[:, None] & dv_ok[None, :], other=0.0)
-        limit = seqlen - LQ + tok + 1  # new token i sees positions < limit (causal among the new)
+            qv = tl.load(QV + b * stride_qvb + tok[:, None].to(tl.int64) * stride_qvl + h[:, None] * stride_qvh
+                         + dv[None, :], mask=row_ok[:, None] & dv_ok[None, :], other=0.0)
+        limit = seqlen - Lq + tok + 1  # new token i sees positions < limit (causal among the new)
         k_base = K + b * stride_kb + g * stride_kh  # stride_kh is 0 when one key head is shared
         v_base = V + b * stride_vb + g * stride_vh
         start = split * split_len
@@ -198,12 +239,12 @@ if triton is not None:
         l_i = tl.zeros([BLOCK_M], tl.float32)  # running sum of exp2(score - m_i)
         acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
         for n0 in range(start, end, BLOCK_N):
-            pos = (n0 + tl.arange(0, BLOCK_N)).to(tl.int64)  # pos * stride passes 2^31 at millions of tokens
+            pos = n0 + tl.arange(0, BLOCK_N)  # int32 in the masks, int64 in the offsets
             # Masking loads past seqlen matters even for V: 0 * NaN garbage would poison acc.
             pos_ok = pos < end
-            k = tl.load(k_base + pos[:, None] * stride_ks + dk[None, :],
+            k = tl.load(k_base + pos[:, None].to(tl.int64) * stride_ks + dk[None, :],
                         mask=pos_ok[:, None] & dk_ok[None, :], other=0.0)
-            v = tl.load(v_base + pos[:, None] * stride_vs + dv[None, :],
+            v = tl.load(v_base + pos[:, None].to(tl.int64) * stride_vs + dv[None, :],
                         mask=pos_ok[:, None] & dv_ok[None, :], other=0.0)
             s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
             if HAS_QV:  # the latent is also the non-rope key: scores = q.k_rope + qv.c
@@ -222,12 +263,12 @@ if triton is not None:
         l_safe = tl.where(l_i > 0, l_i, 1.0)
         lse = tl.where(l_i > 0, m_i + tl.log2(l_safe), float("-inf"))
         out = acc / l_safe[:, None]
-        part = ((b * LQ + tok) * Hq + h) * n_splits + split  # O_PART is (B, LQ, Hq, n_splits, Dv)
+        part = ((b * Lq + tok) * Hq + h) * n_splits + split  # int64 (b, h); O_PART is (B, Lq, Hq, n_splits, Dv)
         tl.store(LSE_PART + part, lse, mask=row_ok)
         tl.store(O_PART + part[:, None] * Dv + dv[None, :], out, mask=row_ok[:, None] & dv_ok[None, :])
 
     @triton.jit
-    def _combine_kernel(O_PART, LSE_PART, OUT, stride_ob, stride_ol, stride_oh, Hq, LQ, n_splits, Dv,
+    def _combine_kernel(O_PART, LSE_PART, OUT, stride_ob, stride_ol, stride_oh, Hq, Lq, n_splits, Dv,
                         BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
         # One program: one (b, new token, head) row, BLOCK_D features at a time.
         row = tl.program_id(0).to(tl.int64)
@@ -236,8 +277,8 @@ if triton is not None:
         m = tl.max(lse, 0)
         w = tl.exp2(lse - tl.where(m == float("-inf"), 0.0, m))  # each split's share of the softmax mass
         w = w / tl.sum(w, 0)
-        b = row // (Hq * LQ)
-        i = (row // Hq) % LQ
+        b = row // (Hq * Lq)
+        i = (row // Hq) % Lq
         h = row % Hq
         for d0 in range(0, Dv, BLOCK_D):
             d = d0 + tl.arange(0, BLOCK_D)
@@ -253,30 +294,79 @@ def _pow2(n):
 
 
 def _plan(B, Lq, Hq, Hkv, Dk, Dv, elem_bytes, max_len, num_splits, num_sms):
-    """Block sizes and split count for one call (see the constants at the top)."""
+    """Block sizes, warps, stages and split count for one call (see the constants at the top)."""
     G = Hq // Hkv
     BLOCK_DK, BLOCK_DV = _pow2(Dk), _pow2(Dv)
-    # If all G * Lq rows do not fit the register budget, we split the group into head
-    # blocks. Cost: each head block reads the group's cache again (MLA, Lq 2: 4 times);
-    # the head blocks are the fastest grid axis, so they run side by side and the L2
-    # serves part of the repeated reads.
-    max_rows = max(1, MAX_ACC_ELEMS // BLOCK_DV)
-    n_head_blocks = triton.cdiv(G, max(1, max_rows // Lq))
-    BLOCK_H = triton.cdiv(G, n_head_blocks)
-    BLOCK_M = _pow2(BLOCK_H * Lq)
+    # If all G * Lq rows do not fit the accumulator budget, we split the group into head
+    # blocks, and each head block reads the group's cache again: MLA (64 heads x 512)
+    # reads it twice at Lq 1 and 4 times at Lq 2. All 64 heads in one program would need
+    # 64 x 512 fp32 = 128 KiB of accumulators, half an SM's register file: one CTA per
+    # SM (FlashMLA's choice, two warpgroups of 64 x 256), and splitting Dv across programs
+    # instead saves nothing, since every program needs all 512 latent features for its
+    # scores. We keep two CTAs per SM; the head blocks are the fastest grid axis, so the
+    # programs that read one tile start together and the repeats can come from the L2
+    # (50 MB on an H100/H200). The bench prints these passes beside the time.
+    LQ_BLOCK = triton.next_power_of_2(Lq)
+    heads_per_block = max(1, MAX_ACC_ELEMS // BLOCK_DV // LQ_BLOCK)
+    n_head_blocks = triton.cdiv(G, heads_per_block)
+    heads_per_block = triton.cdiv(G, n_head_blocks)  # as even as possible
+    BLOCK_M = _pow2(heads_per_block * LQ_BLOCK)
     BLOCK_N = KV_TILE_BYTES // ((BLOCK_DK + BLOCK_DV) * elem_bytes)
     BLOCK_N = max(MIN_BLOCK, min(MAX_BLOCK_N, 1 << (BLOCK_N.bit_length() - 1)))
+    ctas_per_sm = CTAS_PER_SM_SMALL_ACC if BLOCK_M * BLOCK_DV <= SMALL_ACC_ELEMS else CTAS_PER_SM
     n_blocks = triton.cdiv(max_len, BLOCK_N)
     if num_splits is None:
-        num_splits = triton.cdiv(num_sms, B * Hkv * n_head_blocks)
         cache_bytes = B * max_len * Hkv * (Dk + Dv) * elem_bytes  # what the programs load
         partial_bytes = 2 * B * Lq * Hq * Dv * 4  # per split: fp32 written, then read back
-        num_splits = min(num_splits, max(1, int(cache_bytes * MAX_PARTIAL_TRAFFIC // partial_bytes)))
+        cap = max(1, int(cache_bytes * MAX_PARTIAL_TRAFFIC // partial_bytes))
+        num_splits = _split_count(B * Hkv * n_head_blocks, ctas_per_sm, cap, num_sms)
     split_len = triton.cdiv(n_blocks, max(1, min(num_splits, n_blocks))) * BLOCK_N
-    num_warps = 4 if BLOCK_M * BLOCK_DV <= SMALL_TILE_ELEMS else 8
-    return dict(BLOCK_H=BLOCK_H, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_DK=BLOCK_DK, BLOCK_DV=BLOCK_DV,
-                n_head_blocks=n_head_blocks, split_len=split_len, n_splits=triton.cdiv(max_len, split_len),
-                num_warps=num_warps)
+    return dict(LQ_BLOCK=LQ_BLOCK, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_DK=BLOCK_DK, BLOCK_DV=BLOCK_DV,
+                heads_per_block=heads_per_block, n_head_blocks=n_head_blocks, split_len=split_len,
+                n_splits=triton.cdiv(max_len, split_len), ctas_per_sm=ctas_per_sm,
+                num_warps=NUM_WARPS, num_stages=NUM_STAGES)
+
+
+def _split_count(units, ctas_per_sm, cap, num_sms):
+    """Splits per (batch, KV head, head block) unit so that programs fill whole waves of SMs.
+
+    The floor of num_sms x ctas_per_sm / units fills every CTA slot once and leaves
+    fewer than `units` slots idle (the ceiling, as before, launched 160 programs for
+    132 SMs at B 32: 1.2 waves, mean/max programs per SM 0.61). If that exceeds `cap`
+    (the partial-traffic limit) we take the whole number of waves nearest to the cap,
+    which can overshoot it by up to half a wave: an idle SM costs more than a few
+    partials (GLA-2 on one GPU at B 1, 32K tokens: 132 programs and 20% partial traffic
+    instead of 80 programs and 12%). Under half a wave, the cap decides.
+    """
+    full = num_sms * ctas_per_sm // units
+    if full <= cap:
+        return max(1, full)
+    waves = int(units * cap / num_sms + 0.5)
+    return max(1, num_sms * waves // units) if waves else cap
+
+
+def _split_launch(q, k_cache, v_cache, cache_seqlens, qv, scale, max_len, num_splits, num_sms):
+    """The split kernel's launch for one call: (plan, grid, args, kwargs, o_part, lse_part).
+
+    decode_attention launches exactly this; sm90_figures compiles it from meta tensors.
+    """
+    B, Lq, Hq, Dk = q.shape
+    Hk, Hkv, Dv = k_cache.shape[2], v_cache.shape[2], v_cache.shape[3]
+    p = _plan(B, Lq, Hq, Hkv, Dk, Dv, q.element_size(), max_len, num_splits, num_sms)
+    n_splits = p["n_splits"]
+    o_part = torch.empty(B, Lq, Hq, n_splits, Dv, dtype=torch.float32, device=q.device)
+    lse_part = torch.empty(B, Lq, Hq, n_splits, dtype=torch.float32, device=q.device)
+    qv_arg = q if qv is None else qv  # any tensor: HAS_QV=False never reads it
+    args = (q, qv_arg, k_cache, v_cache, cache_seqlens, o_part, lse_part,
+            q.stride(0), q.stride(1), q.stride(2), qv_arg.stride(0), qv_arg.stride(1), qv_arg.stride(2),
+            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2) if Hk == Hkv else 0,
+            v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+            scale * LOG2E, p["split_len"], n_splits, Lq, Hq, Hkv, Hq // Hkv, p["heads_per_block"], Dk, Dv)
+    kwargs = dict(LQ_BLOCK=p["LQ_BLOCK"], BLOCK_M=p["BLOCK_M"], BLOCK_N=p["BLOCK_N"], BLOCK_DK=p["BLOCK_DK"], BLOCK_DV=p["BLOCK_DV"],
+                  HAS_QV=qv is not None,
+                  PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # 16-bit inputs ignore it
+                  num_warps=p["num_warps"], num_stages=p["num_stages"])
+    return p, (p["n_head_blocks"], n_splits, B * Hkv), args, kwargs, o_part, lse_part
 
 
 def decode_attention(q, k_cache, v_cache, cache_seqlens, qv=None, softmax_scale=None, *,
@@ -285,7 +375,8 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, qv=None, softmax_scale=
 
     Semantics of FA3's `flash_attn_with_kvcache`, as the GLA paper (arXiv 2505.21487)
     uses it for GQA, MLA and GLA decode (DeepSeek-V2, arXiv 2405.04434, Sec. 2.1):
-    q (B, Lq, Hq, Dk): rope query (GQA: the whole query); k_cache (B, S, Hk, Dk) with
+    q (B, Lq, Hq, Dk): rope query (GQA: the whole query), Lq <= MAX_LQ (16) new tokens
+    per sequence (one, or a speculative draft); k_cache (B, S, Hk, Dk) with
     Hk in {1, Hkv}; v_cache (B, S, Hkv, Dv): values (MLA/GLA: the latent); qv
     (B, Lq, Hq, Dv) or None: absorbed query, adds qv . v to the scores; cache_seqlens
     (B,) int32: valid cached tokens per sequence, the Lq new ones included (they sit at
@@ -297,18 +388,23 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, qv=None, softmax_scale=
     overrides the split-KV count (None: fill the GPU); out (B, Lq, Hq, Dv) in q's dtype
     receives the result if given. Returns (B, Lq, Hq, Dv) in q's dtype, accumulated in fp32.
 
-    Raises ValueError on inconsistent inputs or CPU tensors without TRITON_INTERPRET=1,
+    Raises ValueError on inconsistent inputs, Lq > MAX_LQ (a prompt: use
+    F.scaled_dot_product_attention) or CPU tensors without TRITON_INTERPRET=1,
     RuntimeError if Triton is not installed.
     """
     if triton is None:
         raise RuntimeError("decode_attention needs Triton (Linux); use decode_attention_ref instead")
     max_len = _check_inputs(q, k_cache, v_cache, cache_seqlens, qv, max_seqlen)
+    B, Lq, Hq, Dk = q.shape
+    Dv = v_cache.shape[3]
+    if Lq > MAX_LQ:
+        raise ValueError(f"decode_attention takes at most MAX_LQ={MAX_LQ} new tokens per sequence (decode, "
+                         f"speculative drafts); got Lq={Lq}: run a prompt (prefill) through "
+                         "F.scaled_dot_product_attention instead")
     cache_seqlens = cache_seqlens.contiguous()  # the kernel reads it with unit stride
     if q.device.type != "cuda" and not isinstance(_decode_split_kernel, InterpretedFunction):
         raise ValueError("decode_attention needs CUDA tensors; on CPU use decode_attention_ref, "
                          "or set TRITON_INTERPRET=1 before importing triton")
-    B, Lq, Hq, Dk = q.shape
-    Hk, Hkv, Dv = k_cache.shape[2], v_cache.shape[2], v_cache.shape[3]
     if out is None:
         out = torch.empty(B, Lq, Hq, Dv, dtype=q.dtype, device=q.device)
     elif (tuple(out.shape) != (B, Lq, Hq, Dv) or out.dtype != q.dtype or out.device != q.device
@@ -322,23 +418,11 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, qv=None, softmax_scale=
     scale = _default_scale(Dk, Dv, qv) if softmax_scale is None else softmax_scale
     num_sms = (torch.cuda.get_device_properties(q.device).multi_processor_count
                if q.device.type == "cuda" else DEFAULT_NUM_SMS)
-    p = _plan(B, Lq, Hq, Hkv, Dk, Dv, q.element_size(), max_len, num_splits, num_sms)
-    n_splits = p["n_splits"]
-    o_part = torch.empty(B, Lq, Hq, n_splits, Dv, dtype=torch.float32, device=q.device)
-    lse_part = torch.empty(B, Lq, Hq, n_splits, dtype=torch.float32, device=q.device)
-    qv_arg = q if qv is None else qv  # any tensor: HAS_QV=False never reads it
+    _, grid, args, kwargs, o_part, lse_part = _split_launch(q, k_cache, v_cache, cache_seqlens, qv, scale,
+                                                            max_len, num_splits, num_sms)
+    n_splits = o_part.shape[3]
     with torch.cuda.device(q.device) if q.is_cuda else nullcontext():  # launch on q's GPU, not the current one
-        _decode_split_kernel[(p["n_head_blocks"], n_splits, B * Hkv)](
-            q, qv_arg, k_cache, v_cache, cache_seqlens, o_part, lse_part,
-            q.stride(0), q.stride(1), q.stride(2), qv_arg.stride(0), qv_arg.stride(1), qv_arg.stride(2),
-            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2) if Hk == Hkv else 0,
-            v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-            scale * LOG2E, p["split_len"], n_splits, Hq, Hkv, Dk, Dv,
-            LQ=Lq, GROUP=Hq // Hkv, BLOCK_H=p["BLOCK_H"], BLOCK_M=p["BLOCK_M"], BLOCK_N=p["BLOCK_N"],
-            BLOCK_DK=p["BLOCK_DK"], BLOCK_DV=p["BLOCK_DV"], HAS_QV=qv is not None,
-            PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # 16-bit inputs ignore it
-            num_warps=p["num_warps"], num_stages=NUM_STAGES,
-        )
+        _decode_split_kernel[grid](*args, **kwargs)
         _combine_kernel[(B * Lq * Hq,)](
             o_part, lse_part, out, out.stride(0), out.stride(1), out.stride(2), Hq, Lq, n_splits, Dv,
             BLOCK_S=triton.next_power_of_2(n_splits), BLOCK_D=COMBINE_BLOCK_D,
@@ -360,15 +444,266 @@ BENCH_COPY_BYTES = 1 << 30
 BENCH_MEMORY_MARGIN = 0.8  # use at most this fraction of free GPU memory
 
 
-def bench(output=None):
+def _bench_inputs(name, B, S, Lq, dtype, device):
+    """q, k_cache, v_cache, cache_seqlens (all S), qv (or None) of a bench shape; on the
+    "meta" device they are shapes without memory."""
+    Hq, Hkv, Hk, Dk, Dv, use_qv = BENCH_SHAPES[name]
+    q = torch.randn(B, Lq, Hq, Dk, dtype=dtype, device=device)
+    k_cache = torch.randn(B, S, Hk, Dk, dtype=dtype, device=device)
+    v_cache = torch.randn(B, S, Hkv, Dv, dtype=dtype, device=device)
+    qv = torch.randn(B, Lq, Hq, Dv, dtype=dtype, device=device) if use_qv else None
+    return q, k_cache, v_cache, torch.full((B,), S, dtype=torch.int32, device=device), qv
+
+
+# ----------------------------------------------------------------------------
+# The Hopper build without a GPU. Triton compiles ahead of time for sm_90, and its
+# wheel ships cuobjdump (registers, spill stack) and nvdisasm (SASS) to read the
+# result. Compiled with the specialisation the runtime would pick for the bench shapes'
+# launch arguments, the SASS is what an H100/H200 would run.
+
+# sm_90 limits: CUDA C++ Programming Guide, "Technical Specifications per Compute
+# Capability" (9.0): 64K 32-bit registers, 2048 threads, 32 CTAs and 228 KiB of shared
+# memory per SM, 227 KiB per CTA; each CTA also takes the driver's reserved 1 KiB
+# (cudaDevAttrReservedSharedMemoryPerBlock). A warp's registers come in units of 256
+# (the CUDA Occupancy Calculator's "register allocation unit size").
+SM90_REGS_PER_SM = 65536
+SM90_REG_ALLOC_UNIT = 256
+SM90_MAX_THREADS_PER_SM = 2048
+SM90_MAX_CTAS_PER_SM = 32
+SM90_SMEM_PER_SM = 228 * 1024
+SM90_SMEM_PER_CTA = 227 * 1024
+SM90_SMEM_RESERVED_PER_CTA = 1024
+SASS_TOOLS = ("ptxas", "cuobjdump", "nvdisasm")
+SASS_SEQLEN = 32768  # cached tokens of the figures
+_MMA = re.compile(r"\b(HGMMA|HMMA)\b")
+
+
+def sass_tools_dir():
+    """Triton's bundled CUDA tools (triton/backends/nvidia/bin), or None where missing."""
+    if triton is None:
+        return None
+    path = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    return path if all(os.access(os.path.join(path, t), os.X_OK) for t in SASS_TOOLS) else None
+
+
+def _runtime_specialization(fn, args, kwargs, backend):
+    """(signature, constexprs, attrs) as Triton's runtime derives them from launch arguments.
+
+    Mirrors triton/runtime/jit.py (3.9): create_function_from_signature feeds every
+    non-constexpr argument to native_specialize_impl(backend, arg, is_const, specialize,
+    align), and JITFunction._pack_args makes its answers the compile's signature
+    (types; "constexpr" for ints equal to 1), constexprs (those 1s and the declared
+    constexprs) and attrs (backend.parse_attr: tt.divisibility=16 for 16-divisible ints
+    and 16-byte-aligned pointers).
+    """
+    from triton._C.libtriton import native_specialize_impl
+    bound = inspect.signature(fn.fn).bind(*args, **kwargs).arguments
+    spec = [("constexpr", bound[kp.name]) if kp.is_constexpr else
+            native_specialize_impl(backend, bound[kp.name], kp.is_const, not kp.do_not_specialize,
+                                   not kp.do_not_specialize_on_alignment)
+            for kp in fn.params]
+    signature = {kp.name: s[0] for kp, s in zip(fn.params, spec)}
+    constexprs = {(i,): bound[kp.name] for i, (kp, s) in enumerate(zip(fn.params, spec)) if s[0] == "constexpr"}
+    attrs = {(i,): backend.parse_attr("" if s[0] == "constexpr" else s[1])
+             for i, s in enumerate(spec) if s[0] == "constexpr" or isinstance(s[1], str)}
+    return signature, constexprs, attrs
+
+
+def _sm90_build(name, B, Lq, S, num_stages):
+    """Compile the split kernel for sm_90 as decode_attention would launch it on a bench
+    shape (bf16); return its plan, grid, cuobjdump resource usage, SASS and dynamic shared bytes."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import make_backend
+    q, k_cache, v_cache, seqlens, qv = _bench_inputs(name, B, S, Lq, torch.bfloat16, "meta")
+    scale = _default_scale(q.shape[3], v_cache.shape[3], qv)
+    p, grid, args, kwargs, _, _ = _split_launch(q, k_cache, v_cache, seqlens, qv, scale, S, None, DEFAULT_NUM_SMS)
+    options = (("num_warps", kwargs.pop("num_warps")), ("num_stages", num_stages))
+    kwargs.pop("num_stages")
+    fn = _split_kernel_jit()
+    signature, constexprs, attrs = _runtime_specialization(fn, args, kwargs, make_backend(GPUTarget("cuda", 90, 32)))
+    # Bench shapes that specialise alike (B 1 and 32, mostly) share one compile.
+    key = (tuple(signature.items()), tuple(constexprs.items()),
+           tuple((k, tuple(map(tuple, v))) for k, v in attrs.items()), options)
+    return dict(plan=p, grid=grid, **_sm90_compile(key))
+
+
+@functools.cache
+def _split_kernel_jit():
+    """The split kernel as a compilable JITFunction, also under TRITON_INTERPRET=1 (where
+    the decorator made an interpreter of it)."""
+    from triton.runtime.jit import JITFunction
+    fn = _decode_split_kernel
+    return fn if isinstance(fn, JITFunction) else JITFunction(fn.fn)
+
+
+@functools.cache
+def _sm90_compile(key):
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    signature, constexprs, attrs, options = (dict(x) for x in key)
+    kernel = triton.compile(ASTSource(_split_kernel_jit(), signature, constexprs, {k: list(map(list, v)) for k, v in attrs.items()}),
+                            target=GPUTarget("cuda", 90, 32), options=options)
+    tools = sass_tools_dir()
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = os.path.join(tmp, "kernel.cubin")
+        with open(cubin, "wb") as f:
+            f.write(kernel.asm["cubin"])
+        runs = [subprocess.Popen([os.path.join(tools, tool), flag, cubin], stdout=subprocess.PIPE, text=True)
+                for tool, flag in (("cuobjdump", "--dump-resource-usage"), ("nvdisasm", "-c"))]
+        usage, sass = (run.communicate()[0] for run in runs)
+        if any(run.returncode for run in runs):
+            raise RuntimeError(f"cuobjdump or nvdisasm failed on the sm_90 build (exit {[r.returncode for r in runs]})")
+    return dict(usage=usage, sass=sass, dynamic_smem=kernel.metadata.shared)
+
+
+def _sass_main_loop(sass):
+    """Instructions of the innermost loop that issues the MMAs (a backward branch's body)."""
+    instrs, labels = [], {}
+    for line in sass.splitlines():
+        if m := re.match(r"\s*(\.L_x_\d+):", line):
+            labels[m.group(1)] = len(instrs)
+        elif m := re.search(r"/\*[0-9a-f]+\*/\s+(.*?)\s*;", line):
+            instrs.append(m.group(1))
+    loops = []
+    for i, ins in enumerate(instrs):
+        m = re.search(r"\bBRA\b.*\((\.L_x_\d+)\)", ins)
+        if m and labels.get(m.group(1), i + 1) <= i:
+            loops.append(instrs[labels[m.group(1)]:i + 1])
+    with_mma = [loop for loop in loops if any(_MMA.search(ins) for ins in loop)]
+    return min(with_mma, key=len) if with_mma else []
+
+
+def sm90_figures(name, B, Lq, S=SASS_SEQLEN, num_stages=NUM_STAGES):
+    """What the split kernel compiles to on an H100/H200 for one bench shape (bf16, all
+    B sequences at S cached tokens): a dict of the figures behind `--sass` and the sm_90
+    test. Needs Triton's bundled CUDA tools (sass_tools_dir); no GPU.
+
+    regs, stack (spill bytes), spills (STL/LDL instructions), smem (bytes per CTA,
+    static + dynamic), mma (HGMMA/HMMA instructions), loop_cp_async / loop_ldg (K/V
+    loads in the main loop by cp.async / by plain loads), narrow_loads (global loads
+    under 32 bits), in_flight (K/V tiles still arriving while the loop computes:
+    the smallest `DEPBAR.LE SB0, N` in the loop over the cp.async groups it commits
+    per iteration), stages (tiles in shared memory at that point: 1 + in_flight),
+    ctas_per_sm (from registers, shared memory and threads) and its limit, programs,
+    balance (mean over max programs per SM, DEFAULT_NUM_SMS SMs), passes (head blocks:
+    reads of each cached token), and the plan's block sizes and ctas_per_sm.
+    """
+    return sm90_figures_many([(name, B, Lq, S, num_stages)])[0]
+
+
+_SM90_FIGURES = {}  # (name, B, Lq, S, num_stages) -> figures, filled by sm90_figures_many
+
+
+def sm90_figures_many(configs):
+    """sm90_figures of each (name, B, Lq, S, num_stages) in configs, each computed once.
+
+    Under TRITON_INTERPRET=1 (the CPU tests) Triton's compiler cannot run in this process:
+    its code generator would call the interpreter's versions of tl.max, tl.sum and co.
+    We then compute them in one child process without that variable.
+    """
+    configs = [tuple(c) for c in configs]
+    missing = [c for c in dict.fromkeys(configs) if c not in _SM90_FIGURES]
+    if missing and isinstance(_decode_split_kernel, InterpretedFunction):
+        code = "import json, sys, kernels; print(json.dumps(kernels.sm90_figures_many(json.loads(sys.argv[1]))))"
+        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+        child = subprocess.run([sys.executable, "-c", code, json.dumps(missing)], capture_output=True, text=True,
+                               env=env, cwd=os.path.dirname(os.path.abspath(__file__)))
+        if child.returncode:
+            raise RuntimeError(f"the sm_90 build failed in a child process:\n{child.stderr[-3000:]}")
+        _SM90_FIGURES.update(zip(missing, json.loads(child.stdout.splitlines()[-1])))
+    for c in missing:
+        if c not in _SM90_FIGURES:
+            _SM90_FIGURES[c] = _sm90_figures(*c)
+    return [_SM90_FIGURES[c] for c in configs]
+
+
+def _sm90_figures(name, B, Lq, S, num_stages):
+    build = _sm90_build(name, B, Lq, S, num_stages)
+    p, sass = build["plan"], build["sass"]
+    regs, stack, static_smem = (int(re.search(key + r":(\d+)", build["usage"]).group(1))
+                                for key in ("REG", "STACK", "SHARED"))
+    smem = static_smem + build["dynamic_smem"]
+    warps = p["num_warps"]
+    warp_regs = -(-regs * 32 // SM90_REG_ALLOC_UNIT) * SM90_REG_ALLOC_UNIT
+    limits = {"regs": SM90_REGS_PER_SM // (warps * warp_regs),
+              "smem": SM90_SMEM_PER_SM // (smem + SM90_SMEM_RESERVED_PER_CTA),
+              "threads": SM90_MAX_THREADS_PER_SM // (warps * 32), "CTAs": SM90_MAX_CTAS_PER_SM}
+    limit = min(limits, key=limits.get)
+    loop = _sass_main_loop(sass)
+    waits = [int(n, 16) for ins in loop for n in re.findall(r"\bDEPBAR\.LE SB0, (0x[0-9a-f]+)", ins)]
+    groups = sum("LDGDEPBAR" in ins for ins in loop)
+    in_flight = min(waits) // groups if waits and groups else 0
+    programs = math.prod(build["grid"])
+    return dict(
+        shape=name, B=B, Lq=Lq, S=S, BLOCK_M=p["BLOCK_M"], BLOCK_N=p["BLOCK_N"], warps=warps, regs=regs,
+        stack=stack, spills=len(re.findall(r"\b(STL|LDL)\b", sass)), smem=smem, dynamic_smem=build["dynamic_smem"],
+        mma=len(_MMA.findall(sass)), mma_kind="HGMMA" if "HGMMA" in sass else "HMMA" if "HMMA" in sass else "none",
+        loop_cp_async=sum("LDGSTS" in ins for ins in loop),
+        loop_cp_async_128=sum("LDGSTS" in ins and ".128" in ins for ins in loop),
+        loop_ldg=sum(bool(re.search(r"\bLDG\b", ins)) for ins in loop),
+        narrow_loads=len(re.findall(r"\bLDG\b[\w.]*\.[US](8|16)\b", sass)),
+        in_flight=in_flight, stages=1 + in_flight, ctas_per_sm=limits[limit], ctas_limit=limit,
+        planned_ctas_per_sm=p["ctas_per_sm"], programs=programs,
+        balance=programs / DEFAULT_NUM_SMS / -(-programs // DEFAULT_NUM_SMS), passes=p["n_head_blocks"])
+
+
+SASS_COLUMNS = ["shape", "B", "Lq", "tile", "regs", "spills", "smem_KiB", "MMA", "K/V in loop", "stages",
+                "CTAs/SM", "programs", "balance", "passes"]
+
+
+SASS_CONFIGS = [(name, B, Lq, SASS_SEQLEN, NUM_STAGES) for name in BENCH_SHAPES for B in BENCH_BATCHES
+                for Lq in BENCH_LQ]
+
+
+def sass_table():
+    """The figures of sm90_figures for every bench shape x B x Lq at SASS_SEQLEN tokens, as rows."""
+    rows = []
+    for f in sm90_figures_many(SASS_CONFIGS):
+        rows.append([f["shape"], f["B"], f["Lq"], f"{f['BLOCK_M']}x{f['BLOCK_N']}, {f['warps']} warps", f["regs"],
+                     f"{f['stack']} B, {f['spills']} STL/LDL", f"{f['smem'] / 1024:.1f}",
+                     f"{f['mma']} {f['mma_kind']}",
+                     f"{f['loop_cp_async']} cp.async ({f['loop_cp_async_128']} x 128-bit), {f['loop_ldg']} LDG",
+                     f"{f['stages']} ({f['in_flight']} in flight)", f"{f['ctas_per_sm']} ({f['ctas_limit']})",
+                     f["programs"], f"{f['balance']:.2f}", f["passes"]])
+    return rows
+
+
+# ----------------------------------------------------------------------------
+# On a GPU: the bf16 check and the benchmark.
+
+CHECK_SEQLEN = 4096
+CHECK_LQ = (1, 2, MAX_LQ)
+# bf16 check: per sequence, max |kernel - reference| / max |reference|. Emulating the
+# kernel's roundings (bf16 probabilities into the P.V product, bf16 output) on the bench
+# shapes at 17 to 4096 tokens gave 0.24-0.39%; dropping one 16-token tile of a 4096-token
+# sequence gave 3.2-8.7%. CHECK_TOL sits between.
+CHECK_TOL = 1.5e-2
+CHECK_TIME_BUDGET_S = 270  # --check stops benchmarking here to stay under 5 minutes
+
+
+def _write_table(path, cols, rows, notes=()):
+    """Write rows under cols to path: markdown for *.md, else CSV (notes only in markdown)."""
+    with open(path, "w") as f:
+        if path.endswith(".md"):
+            f.write("| " + " | ".join(cols) + " |\n|" + "---|" * len(cols) + "\n")
+            f.writelines("| " + " | ".join(map(str, r)) + " |\n" for r in rows)
+            f.writelines(f"\n{note}\n" for note in notes)
+        else:
+            f.writelines(",".join(f'"{x}"' if "," in str(x) else str(x) for x in r) + "\n" for r in [cols] + rows)
+    print(f"wrote {path}")
+
+
+def bench(output=None, deadline=None):
     """Time decode_attention against the floor and the reference on CUDA (bf16); print a
-    table and, if `output` is given, write it there (markdown for *.md, else CSV)."""
+    table and, if `output` is given, write it there (markdown for *.md, else CSV). Stops
+    starting new shapes after `deadline` (time.time() seconds) if given."""
     dev, dt = torch.device("cuda"), torch.bfloat16
     src = torch.empty(BENCH_COPY_BYTES, dtype=torch.uint8, device=dev)
     dst = torch.empty_like(src)
     # A device-to-device copy reads and writes every byte: the achievable HBM bandwidth.
     copy_bw = 2 * BENCH_COPY_BYTES / (triton.testing.do_bench(lambda: dst.copy_(src), return_mode="median") * 1e-3)
-    print(f"device-to-device copy bandwidth (our floor): {copy_bw / 1e9:.0f} GB/s")
+    del src, dst
+    print(f"{torch.cuda.get_device_name(dev)}: device-to-device copy bandwidth (our floor): {copy_bw / 1e9:.0f} GB/s")
     num_sms = torch.cuda.get_device_properties(dev).multi_processor_count
     # passes: how often each head group's cache is read (head blocks, see _plan).
     cols = ["shape", "B", "S", "Lq", "passes", "time_us", "MB_read", "GB_s", "pct_floor", "speedup_vs_ref", "max_abs_err"]
@@ -381,18 +716,17 @@ def bench(output=None):
                     cache_bytes = B * S * (Hk * Dk + Hkv * Dv) * dt.itemsize
                     # The cache, the reference's two transient fp32 copies of it (2x each), ~3 fp32 score tensors.
                     need = 5 * cache_bytes + 3 * 4 * B * Hq * Lq * S
-                    if need > BENCH_MEMORY_MARGIN * torch.cuda.mem_get_info(dev)[0]:
-                        skipped.append(f"{name} B={B} S={S} Lq={Lq}")
+                    if deadline is not None and time.time() > deadline:
+                        skipped.append(f"{name} B={B} S={S} Lq={Lq} (out of time)")
                         continue
-                    q = torch.randn(B, Lq, Hq, Dk, device=dev, dtype=dt)
-                    qv = torch.randn(B, Lq, Hq, Dv, device=dev, dtype=dt) if use_qv else None
-                    k = torch.randn(B, S, Hk, Dk, device=dev, dtype=dt)
-                    v = torch.randn(B, S, Hkv, Dv, device=dev, dtype=dt)
-                    seqlens = torch.full((B,), S, dtype=torch.int32, device=dev)
-                    out = decode_attention(q, k, v, seqlens, qv)
+                    if need > BENCH_MEMORY_MARGIN * torch.cuda.mem_get_info(dev)[0]:
+                        skipped.append(f"{name} B={B} S={S} Lq={Lq} (would not fit in GPU memory)")
+                        continue
+                    q, k, v, seqlens, qv = _bench_inputs(name, B, S, Lq, dt, dev)
+                    out = decode_attention(q, k, v, seqlens, qv, max_seqlen=S)
                     ref = decode_attention_ref(q, k, v, seqlens, qv)
                     err = (out.float() - ref.float()).abs().max().item()
-                    t = triton.testing.do_bench(lambda: decode_attention(q, k, v, seqlens, qv, out=out),
+                    t = triton.testing.do_bench(lambda: decode_attention(q, k, v, seqlens, qv, max_seqlen=S, out=out),
                                                 return_mode="median") * 1e-3
                     t_ref = triton.testing.do_bench(lambda: decode_attention_ref(q, k, v, seqlens, qv),
                                                     return_mode="median") * 1e-3
@@ -401,32 +735,131 @@ def bench(output=None):
                     rows.append([name, B, S, Lq, passes, f"{t * 1e6:.1f}", f"{nbytes / 1e6:.1f}", f"{nbytes / t / 1e9:.0f}",
                                  f"{100 * nbytes / copy_bw / t:.0f}", f"{t_ref / t:.1f}", f"{err:.2e}"])
                     print("  ".join(str(x) for x in rows[-1]), flush=True)
+                    del q, k, v, seqlens, qv, out, ref
     if skipped:
-        print("skipped (would not fit in GPU memory): " + "; ".join(skipped))
+        print("skipped: " + "; ".join(skipped))
     if output:
-        with open(output, "w") as f:
-            if output.endswith(".md"):
-                f.write("| " + " | ".join(cols) + " |\n|" + "---|" * len(cols) + "\n")
-                f.writelines("| " + " | ".join(map(str, r)) + " |\n" for r in rows)
-                if skipped:
-                    f.write("\nSkipped (would not fit in GPU memory): " + "; ".join(skipped) + "\n")
-            else:
-                f.writelines(",".join(map(str, r)) + "\n" for r in [cols] + rows)
-        print(f"wrote {output}")
+        _write_table(output, cols, rows, [f"Device: {torch.cuda.get_device_name(dev)}, copy bandwidth "
+                                          f"{copy_bw / 1e9:.0f} GB/s."] + (["Skipped: " + "; ".join(skipped)]
+                                                                           if skipped else []))
+
+
+def _check_one(name, B, Lq, S=CHECK_SEQLEN, dtype=torch.bfloat16, device="cuda"):
+    """Kernel against reference on one bench shape: ragged lengths up to S (the first S,
+    the second short, so that every token weighs), NaN past them, three launch paths.
+    Returns a list of failure lines."""
+    q, k_cache, v_cache, seqlens, qv = _bench_inputs(name, B, S, Lq, dtype, device)
+    seqlens = torch.randint(Lq, S + 1, (B,), dtype=torch.int32, device=device)
+    seqlens[0] = S
+    seqlens[1:2] = min(S, Lq + 16)
+    stale = torch.arange(S, device=device)[None, :] >= seqlens[:, None]
+    k_cache[stale] = float("nan")  # positions past cache_seqlens must never be read
+    v_cache[stale] = float("nan")
+    ref = decode_attention_ref(q, k_cache, v_cache, seqlens, qv).float()
+    scale = ref.flatten(1).abs().amax(1)  # per sequence
+    failures = []
+    for how in (dict(), dict(max_seqlen=S), dict(num_splits=3)):
+        out = decode_attention(q, k_cache, v_cache, seqlens, qv, **how).float()
+        err = ((out - ref).flatten(1).abs().amax(1) / scale).nan_to_num(float("inf")).max().item()
+        if not err <= CHECK_TOL:
+            failures.append(f"MISMATCH {name} B={B} Lq={Lq} {how or 'defaults'}: relative error {err:.3g} "
+                            f"> {CHECK_TOL} (NaN counts as inf)")
+    return failures
+
+
+def _check_aot_matches_runtime(name, B, Lq):
+    """The runtime's own build of a bench shape, loaded on this GPU, against the figures
+    of sm90_figures' ahead-of-time build: the premise of the CPU test. Returns failure lines."""
+    import ctypes
+    q, k_cache, v_cache, seqlens, qv = _bench_inputs(name, B, SASS_SEQLEN, Lq, torch.bfloat16, "cuda")
+    scale = _default_scale(q.shape[3], v_cache.shape[3], qv)
+    _, grid, args, kwargs, _, _ = _split_launch(q, k_cache, v_cache, seqlens, qv, scale, SASS_SEQLEN, None,
+                                                DEFAULT_NUM_SMS)
+    kernel = _decode_split_kernel.warmup(*args, grid=grid, **kwargs)
+    kernel._init_handles()  # loads it: the driver's registers and spills
+    ctas = ctypes.c_int()
+    ctypes.CDLL("libcuda.so.1").cuOccupancyMaxActiveBlocksPerMultiprocessor(
+        ctypes.byref(ctas), ctypes.c_void_p(kernel.function), kernel.metadata.num_warps * 32,
+        ctypes.c_size_t(kernel.metadata.shared))
+    f = sm90_figures(name, B, Lq)
+    got = dict(regs=kernel.n_regs, spills=kernel.n_spills, dynamic_smem=kernel.metadata.shared,
+               ctas_per_sm=ctas.value)
+    want = dict(regs=f["regs"], spills=0, dynamic_smem=f["dynamic_smem"], ctas_per_sm=f["ctas_per_sm"])
+    print(f"  {name} B={B} Lq={Lq}: runtime build on this GPU {got}", flush=True)
+    return [] if got == want else [f"AOT sm_90 figures differ from this GPU's runtime build for {name} B={B} "
+                                   f"Lq={Lq}: expected {want}, got {got}"]
+
+
+def check(output):
+    """The one GPU check (a few minutes on an H200): bf16 kernel against the reference on
+    every bench shape x B x Lq in CHECK_LQ; if that fails, print every failure and exit 1.
+    Then this GPU's runtime build against the ahead-of-time sm_90 figures, bench(output),
+    and exit 1 if the builds differed."""
+    start = time.time()
+    failures = []
+    for name in BENCH_SHAPES:
+        for B in BENCH_BATCHES:
+            for Lq in CHECK_LQ:
+                try:
+                    failures += _check_one(name, B, Lq)
+                except Exception as e:  # report every shape, then fail
+                    failures.append(f"ERROR {name} B={B} Lq={Lq}: {type(e).__name__}: {e}")
+        print(f"checked {name} ({time.time() - start:.0f} s)", flush=True)
+    if failures:
+        print(f"\nKERNEL CHECK FAILED ({len(failures)}):\n" + "\n".join(failures), file=sys.stderr)
+        sys.exit(1)
+    print(f"kernel check passed: {len(BENCH_SHAPES) * len(BENCH_BATCHES) * len(CHECK_LQ)} shapes within "
+          f"{CHECK_TOL} of the reference ({time.time() - start:.0f} s)", flush=True)
+    differences = []
+    if sass_tools_dir() is None:
+        print("AOT vs runtime build: skipped (Triton's bundled CUDA tools are missing)")
+    else:
+        for name in BENCH_SHAPES:
+            for Lq in BENCH_LQ:
+                try:
+                    differences += _check_aot_matches_runtime(name, 32, Lq)
+                except Exception as e:
+                    differences.append(f"ERROR comparing the builds of {name} Lq={Lq}: {type(e).__name__}: {e}")
+    print("\n".join(differences) or "AOT sm_90 figures = this GPU's runtime build", flush=True)
+    bench(output, deadline=start + CHECK_TIME_BUDGET_S)
+    if differences:
+        print(f"\nBUILD CHECK FAILED ({len(differences)}):\n" + "\n".join(differences), file=sys.stderr)
+        sys.exit(1)
 
 
 def main():
     parser = argparse.ArgumentParser(description="Decode attention kernels (GQA / MLA / GLA).")
     parser.add_argument("--bench", action="store_true", help="benchmark on CUDA against the memory-bound floor")
+    parser.add_argument("--check", action="store_true",
+                        help="on CUDA: bf16 results against the reference, then the benchmark (fails loudly)")
+    parser.add_argument("--sass", action="store_true",
+                        help="compile for sm_90 (no GPU needed) and print registers, shared memory, pipeline, "
+                             "occupancy and balance per bench shape")
     parser.add_argument("--output", default=None, help="also write the table to PATH (.md: markdown, else CSV)")
     args = parser.parse_args()
-    if not args.bench:
+    if args.sass:
+        if sass_tools_dir() is None:
+            print("kernels.py --sass needs Triton with its bundled CUDA tools (triton/backends/nvidia/bin)",
+                  file=sys.stderr)
+            sys.exit(2)
+        rows = sass_table()
+        widths = [max(len(str(x)) for x in col) for col in zip(SASS_COLUMNS, *rows)]
+        for r in [SASS_COLUMNS] + rows:
+            print("  ".join(str(x).ljust(w) for x, w in zip(r, widths)))
+        if args.output:
+            _write_table(args.output, SASS_COLUMNS, rows)
+        return
+    if not (args.bench or args.check):
         parser.print_help()
         return
     if triton is None or not torch.cuda.is_available() or isinstance(_decode_split_kernel, InterpretedFunction):
-        print("kernels.py --bench needs a CUDA GPU, Triton, and TRITON_INTERPRET unset", file=sys.stderr)
+        print(f"kernels.py --{'check' if args.check else 'bench'} needs a CUDA GPU, Triton, and TRITON_INTERPRET "
+              "unset", file=sys.stderr)
         sys.exit(2)
-    bench(args.output)
+    if args.check:
+        check(args.output or "kernel_check.md")
+    else:
+        bench(args.output)
 
 
 if __name__ == "__main__":

@@ -54,33 +54,35 @@ except ImportError:
     triton = None
 
 # How the split kernel is shaped for an H100/H200 (sm_90). `python kernels.py --sass`
-# compiles it for every bench shape and prints the figures quoted here.
+# compiles it for every bench shape and prints the figures quoted here (32K cached
+# tokens, bf16); "before" is the kernel of issue 8 (8 warps, num_stages=2, 64 KiB tiles).
 #
 # Warps and registers. NUM_WARPS = 4 is one warpgroup, the unit of a Hopper wgmma. One
 # program keeps its fp32 accumulator (rows x Dv) in registers; MAX_ACC_ELEMS = 16K of
-# them is 128 registers a thread. A thread may use up to 255, and 128 threads x 256
-# registers = 32K, so two CTAs always fit an SM's 64K register file without a cap
-# (MLA and GLA-2 at Lq 2 compile to ~250 registers and no spills); GQA's 16 x 128
-# accumulator leaves room for more. With 8 warps MLA took 164 registers a thread, and
-# 256 threads x 168 allowed one CTA per SM.
+# them is 128 registers a thread. A thread may use up to 255, and 128 threads x 256 =
+# 32K registers, so two CTAs fit an SM's 64K whatever the count: no register cap needed.
+# MLA compiles to 242-254 registers, GLA-2 at Lq 2 to 242-248, no spills; GQA to 72
+# (before: MLA 8 warps x 162-164 registers, one CTA per SM).
 MAX_ACC_ELEMS = 16384
 NUM_WARPS = 4
 MIN_BLOCK = 16  # tl.dot needs every dimension >= 16
 MAX_BLOCK_N = 128
-# Shared memory and the pipeline. One stage of K+V tiles is about KV_TILE_BYTES = 16 KiB
-# (GQA: 32 tokens x (128 + 128) x 2 bytes; MLA and GLA-2: 16 tokens x (64 + 512) or
-# (64 + 256) x 2 bytes, the 16-token floor of tl.dot). Triton's num_stages=4 keeps 3
-# such buffers (4 when wgmma reads the tiles, as it may still hold the last one): the
-# loop computes on one tile while the next two arrive by cp.async, and the SASS waits
-# with `DEPBAR.LE SB0, 0x4` (2 tiles x 2 copy groups still in flight). Per SM that is
-# CTAs x 2 tiles x 16 KiB = 64 to 128 KiB in flight, against the ~30 KiB that Little's
-# law asks (4.8 TB/s x ~0.8 us latency / 132 SMs). Before, at num_stages=2 with 64 KiB
-# tiles, every copy was waited for (`DEPBAR.LE SB0, 0x0`) before compute.
+# Shared memory and the pipeline. One stage of K+V tiles is about KV_TILE_BYTES: GQA
+# 32 tokens x (128 + 128) x 2 bytes = 16 KiB, MLA 16 x (64 + 512) x 2 = 18 KiB, GLA-2
+# 16 x (64 + 256) x 2 = 10 KiB (16 tokens: the floor of tl.dot). Triton's num_stages=4
+# keeps 3 such buffers (4 where wgmma reads them, as it may still hold the last): the
+# loop computes on one tile while the next two arrive by 128-bit cp.async, and waits
+# with `DEPBAR.LE SB0, 0x4` (2 tiles x 2 copy groups in flight). Per SM that is CTAs x
+# 2 tiles = 40 (GLA-2, Lq 2) to 128 KiB (GQA) in flight, against the ~30 KiB Little's
+# law asks (4.8 TB/s x an assumed 0.8 us latency / 132 SMs). Before: one buffer, the
+# loop waited for every copy (`DEPBAR.LE SB0, 0x0`) before it computed. A TMA path
+# (tl.make_tensor_descriptor) would move the same bytes; we leave it until a GPU can
+# tell whether it pays.
 KV_TILE_BYTES = 16 * 1024
 NUM_STAGES = 4
-# CTAs per SM that the plan counts on (the sm_90 test checks that the build reaches
-# them): 3 when the accumulator is small (GQA, 16 x 128: ~80 registers and ~53 KiB of
-# shared memory a CTA), else 2.
+# CTAs per SM the split count counts on, and the sm_90 test checks: 3 when the
+# accumulator is small (GQA, 16 x 128: the build fits 4, by its 54 KiB of shared
+# memory), else 2 (MLA and GLA-2 at Lq 2, by registers).
 SMALL_ACC_ELEMS = 4096
 CTAS_PER_SM_SMALL_ACC, CTAS_PER_SM = 3, 2
 # Speculative decoding verifies a few drafted tokens at once; a prompt (prefill) is
@@ -362,8 +364,7 @@ def _split_launch(q, k_cache, v_cache, cache_seqlens, qv, scale, max_len, num_sp
             k_cache.stride(0), k_cache.stride(1), k_cache.stride(2) if Hk == Hkv else 0,
             v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
             scale * LOG2E, p["split_len"], n_splits, Lq, Hq, Hkv, Hq // Hkv, p["heads_per_block"], Dk, Dv)
-    kwargs = dict(LQ_BLOCK=p["LQ_BLOCK"], BLOCK_M=p["BLOCK_M"], BLOCK_N=p["BLOCK_N"], BLOCK_DK=p["BLOCK_DK"], BLOCK_DV=p["BLOCK_DV"],
-                  HAS_QV=qv is not None,
+    kwargs = dict({k: p[k] for k in ("LQ_BLOCK", "BLOCK_M", "BLOCK_N", "BLOCK_DK", "BLOCK_DV")}, HAS_QV=qv is not None,
                   PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # 16-bit inputs ignore it
                   num_warps=p["num_warps"], num_stages=p["num_stages"])
     return p, (p["n_head_blocks"], n_splits, B * Hkv), args, kwargs, o_part, lse_part
@@ -509,24 +510,6 @@ def _runtime_specialization(fn, args, kwargs, backend):
     return signature, constexprs, attrs
 
 
-def _sm90_build(name, B, Lq, S, num_stages):
-    """Compile the split kernel for sm_90 as decode_attention would launch it on a bench
-    shape (bf16); return its plan, grid, cuobjdump resource usage, SASS and dynamic shared bytes."""
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import make_backend
-    q, k_cache, v_cache, seqlens, qv = _bench_inputs(name, B, S, Lq, torch.bfloat16, "meta")
-    scale = _default_scale(q.shape[3], v_cache.shape[3], qv)
-    p, grid, args, kwargs, _, _ = _split_launch(q, k_cache, v_cache, seqlens, qv, scale, S, None, DEFAULT_NUM_SMS)
-    options = (("num_warps", kwargs.pop("num_warps")), ("num_stages", num_stages))
-    kwargs.pop("num_stages")
-    fn = _split_kernel_jit()
-    signature, constexprs, attrs = _runtime_specialization(fn, args, kwargs, make_backend(GPUTarget("cuda", 90, 32)))
-    # Bench shapes that specialise alike (B 1 and 32, mostly) share one compile.
-    key = (tuple(signature.items()), tuple(constexprs.items()),
-           tuple((k, tuple(map(tuple, v))) for k, v in attrs.items()), options)
-    return dict(plan=p, grid=grid, **_sm90_compile(key))
-
-
 @functools.cache
 def _split_kernel_jit():
     """The split kernel as a compilable JITFunction, also under TRITON_INTERPRET=1 (where
@@ -538,11 +521,13 @@ def _split_kernel_jit():
 
 @functools.cache
 def _sm90_compile(key):
+    """Compile the split kernel for sm_90 from a (signature, constexprs, attrs, options)
+    key of item tuples; return cuobjdump's resource usage, the SASS and the dynamic shared bytes."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
     signature, constexprs, attrs, options = (dict(x) for x in key)
-    kernel = triton.compile(ASTSource(_split_kernel_jit(), signature, constexprs, {k: list(map(list, v)) for k, v in attrs.items()}),
-                            target=GPUTarget("cuda", 90, 32), options=options)
+    src = ASTSource(_split_kernel_jit(), signature, constexprs, {k: list(map(list, v)) for k, v in attrs.items()})
+    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
     tools = sass_tools_dir()
     with tempfile.TemporaryDirectory() as tmp:
         cubin = os.path.join(tmp, "kernel.cubin")
@@ -553,7 +538,7 @@ def _sm90_compile(key):
         usage, sass = (run.communicate()[0] for run in runs)
         if any(run.returncode for run in runs):
             raise RuntimeError(f"cuobjdump or nvdisasm failed on the sm_90 build (exit {[r.returncode for r in runs]})")
-    return dict(usage=usage, sass=sass, dynamic_smem=kernel.metadata.shared)
+    return usage, sass, kernel.metadata.shared
 
 
 def _sass_main_loop(sass):
@@ -618,11 +603,21 @@ def sm90_figures_many(configs):
 
 
 def _sm90_figures(name, B, Lq, S, num_stages):
-    build = _sm90_build(name, B, Lq, S, num_stages)
-    p, sass = build["plan"], build["sass"]
-    regs, stack, static_smem = (int(re.search(key + r":(\d+)", build["usage"]).group(1))
-                                for key in ("REG", "STACK", "SHARED"))
-    smem = static_smem + build["dynamic_smem"]
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import make_backend
+    # The launch decode_attention would make on this bench shape, from meta tensors.
+    q, k_cache, v_cache, seqlens, qv = _bench_inputs(name, B, S, Lq, torch.bfloat16, "meta")
+    scale = _default_scale(q.shape[3], v_cache.shape[3], qv)
+    p, grid, args, kwargs, _, _ = _split_launch(q, k_cache, v_cache, seqlens, qv, scale, S, None, DEFAULT_NUM_SMS)
+    options = (("num_warps", kwargs.pop("num_warps")), ("num_stages", num_stages))
+    kwargs.pop("num_stages")
+    signature, constexprs, attrs = _runtime_specialization(_split_kernel_jit(), args, kwargs,
+                                                           make_backend(GPUTarget("cuda", 90, 32)))
+    # Bench shapes that specialise alike (B 1 and 32, mostly) share one compile.
+    usage, sass, dynamic_smem = _sm90_compile((tuple(signature.items()), tuple(constexprs.items()),
+                                               tuple((k, tuple(map(tuple, v))) for k, v in attrs.items()), options))
+    regs, stack, static_smem = (int(re.search(key + r":(\d+)", usage).group(1)) for key in ("REG", "STACK", "SHARED"))
+    smem = static_smem + dynamic_smem
     warps = p["num_warps"]
     warp_regs = -(-regs * 32 // SM90_REG_ALLOC_UNIT) * SM90_REG_ALLOC_UNIT
     limits = {"regs": SM90_REGS_PER_SM // (warps * warp_regs),
@@ -633,10 +628,10 @@ def _sm90_figures(name, B, Lq, S, num_stages):
     waits = [int(n, 16) for ins in loop for n in re.findall(r"\bDEPBAR\.LE SB0, (0x[0-9a-f]+)", ins)]
     groups = sum("LDGDEPBAR" in ins for ins in loop)
     in_flight = min(waits) // groups if waits and groups else 0
-    programs = math.prod(build["grid"])
+    programs = math.prod(grid)
     return dict(
         shape=name, B=B, Lq=Lq, S=S, BLOCK_M=p["BLOCK_M"], BLOCK_N=p["BLOCK_N"], warps=warps, regs=regs,
-        stack=stack, spills=len(re.findall(r"\b(STL|LDL)\b", sass)), smem=smem, dynamic_smem=build["dynamic_smem"],
+        stack=stack, spills=len(re.findall(r"\b(STL|LDL)\b", sass)), smem=smem, dynamic_smem=dynamic_smem,
         mma=len(_MMA.findall(sass)), mma_kind="HGMMA" if "HGMMA" in sass else "HMMA" if "HMMA" in sass else "none",
         loop_cp_async=sum("LDGSTS" in ins for ins in loop),
         loop_cp_async_128=sum("LDGSTS" in ins and ".128" in ins for ins in loop),

@@ -365,7 +365,8 @@ def test_kernel_reads_strided_cache_seqlens():
     q, k_cache, v_cache, _, qv = _inputs(2, 40, 1, 8, 2, 1, 16, 32, True, torch.float32, [40, 5])
     strided = torch.tensor([40, 99, 5, 99], dtype=torch.int32)[::2]  # a view with stride 2
     torch.testing.assert_close(kernels.decode_attention(q, k_cache, v_cache, strided, qv),
-                               kernels.decode_attention_ref(q, k_cache, v_cache, strided, qv), **_tol(torch.float32, 48))
+                               kernels.decode_attention_ref(q, k_cache, v_cache, strided, qv),
+                               **_tol(torch.float32, 16 + 32))
 
 
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")

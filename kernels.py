@@ -206,7 +206,7 @@ if triton is not None:
     ):
         # One program: heads [hb * heads_per_block, (hb + 1) * heads_per_block) of group g,
         # all Lq new tokens, cache positions [split * split_len, (split + 1) * split_len).
-        # Lq, group and heads_per_block are runtime values (Triton still specialises a 1);
+        # Lq, group and heads_per_block are runtime values (Triton still makes a 1 a constant);
         # each head takes LQ_BLOCK = Lq rounded up to a power of two rows, so Lq up to
         # MAX_LQ compiles at most 5 variants, and r // LQ_BLOCK is a shift. (With Lq itself
         # at run time, r // Lq and r % Lq cost MLA and GLA-2 at Lq 2 the last few registers:

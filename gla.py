@@ -26,15 +26,20 @@ Einsum index letters used below:
     its group, d per-head feature, r latent dims of one latent head.
 """
 
+import argparse
 import math
+import platform
 import re
+import statistics
+import time
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from kernels import decode_attention, decode_attention_ref
+from kernels import MAX_LQ, decode_attention, decode_attention_ref
 
 ATTN_TYPES = ("gqa", "mla", "gla")
 # Model shapes of the presets: (n_layer, n_embd, head_dim, vocab_size, block_size).
@@ -202,27 +207,36 @@ def make_config(preset="tiny", variant="gqa", double_heads=False, n_head=None, n
 def rope_cos_sin(positions, dim, theta):
     """RoPE angles (Su et al. 2021, RoFormer, Sec. 3.4) for integer positions.
 
-    positions: (B or 1, T) int64. Returns cos, sin: (B or 1, T, 1, dim // 2)
-    float32, broadcastable over heads. Computed per call (cheap next to the
-    model), so decoding has no position table to outgrow.
+    positions: (B or 1, T) int64. Returns cos, sin: (B or 1, T, 1, dim) float32,
+    broadcastable over heads; entries i and i + dim/2 hold the angle of pair i.
+    Computed per call (cheap next to the model), so decoding has no position table
+    to outgrow.
     """
     inv_freq = theta ** (-torch.arange(0, dim, 2, device=positions.device, dtype=torch.float32) / dim)
     angles = positions.float()[..., None] * inv_freq  # (B, T, dim/2)
-    return angles.cos()[:, :, None, :], angles.sin()[:, :, None, :]
+    angles = torch.cat((angles, angles), dim=-1)[:, :, None, :]  # (B, T, 1, dim)
+    return angles.cos(), angles.sin()
 
 
 def apply_rope(x, cos, sin):
-    """Rotate pairs (x_i, x_{i+dim/2}) of x (B, T, H, dim) by the angles; same dtype out."""
-    x1, x2 = x.float().chunk(2, dim=-1)
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+    """Rotate pairs (x_i, x_{i+dim/2}) of x (B, T, H, dim) by the angles; same dtype out.
+
+    Written as x cos + (-x2, x1) sin, Llama-style: fewer tensor ops per call than
+    rotating the halves one by one, and the same numbers bit for bit.
+    """
+    x32 = x.float()
+    x1, x2 = x32.chunk(2, dim=-1)
+    return (x32 * cos + torch.cat((-x2, x1), dim=-1) * sin).to(x.dtype)
 
 
-def causal_attention(q, k, v, softmax_scale=None):
+def causal_attention(q, k, v, softmax_scale=None, attn_mask=None):
     """Causal softmax attention through F.scaled_dot_product_attention, in our layout.
 
-    q (B, T, H, Dqk), k (B, T, Hkv, Dqk), v (B, T, Hkv, Dv) with H a multiple of
+    q (B, T, H, Dqk), k (B, S, Hkv, Dqk), v (B, S, Hkv, Dv) with H a multiple of
     Hkv (query head h reads KV head h // (H // Hkv)); returns (B, T, H, Dv).
-    softmax_scale defaults to 1 / sqrt(Dqk).
+    softmax_scale defaults to 1 / sqrt(Dqk). attn_mask None: the keys are the
+    queries' own tokens (S = T), plain causal; else (B, 1, T, S) bool, True where a
+    query may look (a prompt after cached tokens, see CacheSlots.prefill_mask).
 
     SDPA's fused CPU and GPU kernels need Dv == Dqk; otherwise it falls back to a
     math path that materialises the (T, T) score matrix of every head (MLA: 48-dim
@@ -239,8 +253,8 @@ def causal_attention(q, k, v, softmax_scale=None):
     elif dqk < dv:
         q, k = F.pad(q, (0, dv - dqk)), F.pad(k, (0, dv - dqk))
     y = F.scaled_dot_product_attention(
-        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, scale=scale,
-        enable_gqa=k.size(2) != q.size(2),
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=attn_mask, is_causal=attn_mask is None,
+        scale=scale, enable_gqa=k.size(2) != q.size(2),
     )  # (B, H, T, max(Dqk, Dv))
     return y.transpose(1, 2)[..., :dv]  # (B, T, H, Dv)
 
@@ -258,39 +272,84 @@ class SwiGLU(nn.Module):
         return self.w3(F.silu(self.w1(x)) * self.w2(x))
 
 
+class CacheSlots(NamedTuple):
+    """Where one GPT.decode call's Lq new tokens go, the same for every layer's KVCache.
+
+    positions (B, Lq) int64: the new tokens' cache slots, which are also their RoPE positions;
+    seqlens (B,) int32: tokens cached once they are written (decode_attention's cache_seqlens);
+    max_seqlen: a host-side int bound on seqlens, so slicing the cache never waits for a GPU.
+    """
+
+    positions: torch.Tensor
+    seqlens: torch.Tensor
+    max_seqlen: int
+
+    @property
+    def use_decode_attention(self):
+        """True: attend with the decode kernel (absorbed form for MLA/GLA). False: a prompt,
+        or a chunk longer than the kernel takes, goes through SDPA, the training path: no
+        cached tokens before it (max_seqlen == Lq), or Lq > kernels.MAX_LQ."""
+        Lq = self.positions.shape[1]
+        return Lq <= MAX_LQ and self.max_seqlen > Lq
+
+    def prefill_mask(self):
+        """SDPA's mask for the prefill path: None (plain causal) when nothing was cached
+        before, else (B, 1, Lq, max_seqlen) bool: new token i of sequence b sees the cache
+        up to its own position."""
+        Lq = self.positions.shape[1]
+        if self.max_seqlen == Lq:
+            return None
+        return (torch.arange(self.max_seqlen, device=self.positions.device) <= self.positions[:, None, :, None])
+
+
 class KVCache(nn.Module):
     """One layer's decode cache, preallocated at max_seq_len and written in place.
 
-    k_cache (B, S, Hk, Dk), v_cache (B, S, Hkv, Dv), shapes from kv_cache_shapes.
-    Static shapes (no torch.cat growth): decode allocates nothing per step. (The
-    capacity and cache_seqlens range checks still sync with the host once a step.)
+    Buffers k_cache (B, Hk, S, Dk) and v_cache (B, Hkv, S, Dv), head counts and dims from
+    kv_cache_shapes, zero-initialised. Head-major as in gpt-fast: each head's cache is one
+    contiguous (S, D) matrix, which the CPU path multiplies in place and a GPU reads in
+    long coalesced runs; the kernels take (B, S, H, D) views of it (FA3's layout). Static
+    shapes (no torch.cat growth): a decode step allocates no cache memory, and
+    torch.compile sees the same shapes every step.
     """
 
     def __init__(self, batch_size, max_seq_len, k_shape, v_shape, device=None, dtype=None):
         super().__init__()
+        (hk, dk), (hv, dv) = k_shape, v_shape
         kw = dict(device=device, dtype=dtype)
-        self.register_buffer("k_cache", torch.zeros(batch_size, max_seq_len, *k_shape, **kw), persistent=False)
-        self.register_buffer("v_cache", torch.zeros(batch_size, max_seq_len, *v_shape, **kw), persistent=False)
+        self.register_buffer("k_cache", torch.zeros(batch_size, hk, max_seq_len, dk, **kw), persistent=False)
+        self.register_buffer("v_cache", torch.zeros(batch_size, hv, max_seq_len, dv, **kw), persistent=False)
 
-    def attend(self, q, k, v, cache_seqlens, qv=None, softmax_scale=None):
-        """Write the new tokens' k (B, Lq, Hk, Dk), v (B, Lq, Hkv, Dv) at positions
-        cache_seqlens + [0, Lq), then attend over the cache; returns (B, Lq, Hq, Dv)."""
-        B, Lq = k.shape[:2]
-        pos = cache_seqlens[:, None].long() + torch.arange(Lq, device=k.device)  # (B, Lq)
-        rows = torch.arange(B, device=k.device)[:, None]
-        self.k_cache[rows, pos] = k.to(self.k_cache.dtype)
-        self.v_cache[rows, pos] = v.to(self.v_cache.dtype)
-        attention = decode_attention if q.is_cuda else decode_attention_ref
-        seqlens = (cache_seqlens + Lq).to(torch.int32)  # the new tokens count as cached
-        dtype = self.k_cache.dtype  # queries in the cache's dtype (autocast may have made them bf16)
-        qv = None if qv is None else qv.to(dtype)
-        return attention(q.to(dtype), self.k_cache, self.v_cache, seqlens, qv=qv, softmax_scale=softmax_scale)
+    def update(self, k, v, slots):
+        """Write the new tokens' k (B, Lq, Hk, Dk) and v (B, Lq, Hkv, Dv) at slots.positions."""
+        rows = torch.arange(k.shape[0], device=k.device)[:, None]  # (B, 1) against positions (B, Lq)
+        self.k_cache.transpose(1, 2)[rows, slots.positions] = k.to(self.k_cache.dtype)
+        self.v_cache.transpose(1, 2)[rows, slots.positions] = v.to(self.v_cache.dtype)
+
+    def prefix(self, slots, dtype):
+        """The first slots.max_seqlen cached tokens in `dtype`: k (B, S, Hk, Dk), v (B, S, Hkv, Dv)."""
+        S = slots.max_seqlen
+        return (self.k_cache[:, :, :S].transpose(1, 2).to(dtype), self.v_cache[:, :, :S].transpose(1, 2).to(dtype))
+
+    def attend(self, q, slots, qv=None, softmax_scale=None):
+        """Decode attention of q (B, Lq, Hq, Dk) (and qv) over the cache, the new tokens
+        included; returns (B, Lq, Hq, Dv) in q's dtype. CUDA runs the Triton kernel, other
+        devices the PyTorch reference, told that our buffers hold only finite numbers."""
+        dtype = self.k_cache.dtype  # the kernel takes q in the cache's dtype (autocast may have made q bf16)
+        args = (q.to(dtype), self.k_cache.transpose(1, 2), self.v_cache.transpose(1, 2), slots.seqlens)
+        kw = dict(qv=None if qv is None else qv.to(dtype), softmax_scale=softmax_scale, max_seqlen=slots.max_seqlen)
+        if q.is_cuda:
+            out = decode_attention(*args, **kw)
+        else:
+            out = decode_attention_ref(*args, **kw, finite_cache=True)
+        return out.to(q.dtype)
 
 
 # ----------------------------------------------------------------------------
-# The attention variants. Both take x (B, T, n_embd), the RoPE angles, and
-# cache_seqlens: None for training / full forward, else (B,) int32 tokens already
-# in self.cache (decode; set up by GPT.setup_cache).
+# The attention variants. Both take x (B, T, n_embd), the RoPE angles, and slots:
+# None for training / full forward, else a CacheSlots (GPT.decode): the T new tokens
+# are written to self.cache (set up by GPT.setup_cache), then a prompt attends
+# through SDPA as in training and a decode step through the decode kernel.
 
 
 class GroupedQueryAttention(nn.Module):
@@ -311,16 +370,20 @@ class GroupedQueryAttention(nn.Module):
         self.wo = nn.Linear(c.n_head * c.head_dim, c.n_embd, bias=False)
         self.cache = None
 
-    def forward(self, x, cos, sin, cache_seqlens=None):
-        """x (B, T, n_embd) -> (B, T, n_embd); cache_seqlens as in the section comment above."""
+    def forward(self, x, cos, sin, slots=None):
+        """x (B, T, n_embd) -> (B, T, n_embd); slots as in the section comment above."""
         B, T, _ = x.shape
         q = apply_rope(self.wq(x).view(B, T, self.n_head, self.head_dim), cos, sin)  # (B, T, H, D)
         k = apply_rope(self.wk(x).view(B, T, self.n_kv_head, self.head_dim), cos, sin)  # (B, T, Hkv, D)
         v = self.wv(x).view(B, T, self.n_kv_head, self.head_dim)  # (B, T, Hkv, D)
-        if cache_seqlens is None:
-            y = causal_attention(q, k, v)  # (B, T, H, D)
-        else:
-            y = self.cache.attend(q, k, v, cache_seqlens)  # (B, T, H, D)
+        mask = None
+        if slots is not None:
+            self.cache.update(k, v, slots)
+            if slots.use_decode_attention:
+                return self.wo(self.cache.attend(q, slots).reshape(B, T, -1))
+            k, v = self.cache.prefix(slots, q.dtype)  # (B, S, Hkv, D): the cached tokens, the new ones included
+            mask = slots.prefill_mask()
+        y = causal_attention(q, k, v, attn_mask=mask)  # (B, T, H, D)
         return self.wo(y.reshape(B, T, -1))
 
 
@@ -361,8 +424,9 @@ class LatentAttention(nn.Module):
         self.wo = nn.Linear(c.n_head * self.v_dim, c.n_embd, bias=False)
         self.cache = None
 
-    def forward(self, x, cos, sin, cache_seqlens=None):
-        """x (B, T, n_embd) -> (B, T, n_embd); cache_seqlens None trains, else decodes (absorbed)."""
+    def forward(self, x, cos, sin, slots=None):
+        """x (B, T, n_embd) -> (B, T, n_embd); slots None trains, else decodes (a prompt in the
+        naive form, a decode step in the absorbed form)."""
         B, T, _ = x.shape
         H, g, r = self.n_head, self.g, self.r
         q = self.wq_b(self.q_norm(self.wq_a(x)) * self.q_scale).view(B, T, H, self.nope + self.rope)
@@ -374,13 +438,22 @@ class LatentAttention(nn.Module):
         k_rope = apply_rope(k_rope.view(B, T, 1, self.rope), cos, sin)  # (B, T, 1, rope), shared by all heads
         w_uk, w_uv = self.wkv_b.split([self.nope, self.v_dim], dim=2)  # (g, H/g, nope, r), (g, H/g, v, r)
 
-        if cache_seqlens is None:
+        naive = slots is None or not slots.use_decode_attention
+        mask = None
+        if slots is not None:
+            # The cache holds only the latent and the shared roped key, whichever form attends.
+            self.cache.update(k_rope, latent, slots)
+            if naive:  # a prompt: the naive form over the cached tokens, the new ones included
+                k_rope, latent = self.cache.prefix(slots, q.dtype)  # (B, S, 1, rope), (B, S, g, r)
+                mask = slots.prefill_mask()
+        if naive:
             # Naive form (training): rebuild every head's key and value from its group's latent.
-            k_nope = torch.einsum("btgr,gkdr->btgkd", latent, w_uk).reshape(B, T, H, self.nope)
-            v = torch.einsum("btgr,gkdr->btgkd", latent, w_uv).reshape(B, T, H, self.v_dim)
+            S = latent.shape[1]  # keys: T in training, the cached tokens in a prompt
+            k_nope = torch.einsum("btgr,gkdr->btgkd", latent, w_uk).reshape(B, S, H, self.nope)
+            v = torch.einsum("btgr,gkdr->btgkd", latent, w_uv).reshape(B, S, H, self.v_dim)
             q = torch.cat([q_nope, q_rope], dim=-1)
-            k = torch.cat([k_nope, k_rope.expand(B, T, H, self.rope)], dim=-1)
-            y = causal_attention(q, k, v, self.softmax_scale)  # (B, T, H, v)
+            k = torch.cat([k_nope, k_rope.expand(B, S, H, self.rope)], dim=-1)
+            y = causal_attention(q, k, v, self.softmax_scale, attn_mask=mask)  # (B, T, H, v)
         else:
             # Absorbed form (decode). Since k_nope = W_UK c, the score q_nope . k_nope
             # equals (W_UK^T q_nope) . c: we fold W_UK into the query once per step
@@ -391,9 +464,8 @@ class LatentAttention(nn.Module):
             # the latent is both the value and the non-rope part of the key. W_UK and
             # W_UV are views of wkv_b, so nothing is recomputed per step.
             qv = torch.einsum("btgkd,gkdr->btgkr", q_nope.view(B, T, g, H // g, self.nope), w_uk)
-            o = self.cache.attend(
-                q_rope, k_rope, latent, cache_seqlens, qv=qv.reshape(B, T, H, r), softmax_scale=self.softmax_scale
-            )  # (B, T, H, r): still in latent space
+            o = self.cache.attend(q_rope, slots, qv=qv.reshape(B, T, H, r), softmax_scale=self.softmax_scale)
+            # o (B, T, H, r): still in latent space
             y = torch.einsum("btgkr,gkdr->btgkd", o.view(B, T, g, H // g, r), w_uv)  # (B, T, g, H/g, v)
         return self.wo(y.reshape(B, T, -1))
 
@@ -411,8 +483,8 @@ class Block(nn.Module):
         self.mlp_norm = nn.RMSNorm(config.n_embd, eps=config.norm_eps)
         self.mlp = SwiGLU(config.n_embd, config.ffn_hidden)
 
-    def forward(self, x, cos, sin, cache_seqlens=None):
-        x = x + self.attn(self.attn_norm(x), cos, sin, cache_seqlens)
+    def forward(self, x, cos, sin, slots=None):
+        x = x + self.attn(self.attn_norm(x), cos, sin, slots)
         return x + self.mlp(self.mlp_norm(x))
 
 
@@ -442,11 +514,11 @@ class GPT(nn.Module):
         """Parameter count, tied embedding counted once."""
         return sum(p.numel() for p in self.parameters())
 
-    def _run(self, idx, positions, cache_seqlens=None):
+    def _run(self, idx, positions, slots=None):
         cos, sin = rope_cos_sin(positions, self.config.rope_dim, self.config.rope_theta)
         x = self.tok_emb(idx)
         for block in self.blocks:
-            x = block(x, cos, sin, cache_seqlens)
+            x = block(x, cos, sin, slots)
         return self.lm_head(self.norm(x))
 
     def forward(self, idx, targets=None):
@@ -467,68 +539,116 @@ class GPT(nn.Module):
     # ---------------------------------------------------------------- decoding
 
     def setup_cache(self, batch_size, max_seq_len=None, dtype=None):
-        """Allocate every layer's KVCache for batch_size sequences of up to
-        max_seq_len tokens (default block_size), in the model's dtype unless given."""
+        """Allocate every layer's KVCache for batch_size sequences of up to max_seq_len
+        tokens (default block_size), in the model's dtype unless given. A cache dtype other
+        than the model's stores K/V (or the latent) in it; attention math and outputs stay
+        in the model's dtype. Raises ValueError for a dtype that is not floating point."""
         max_seq_len = max_seq_len or self.config.block_size
         p = self.tok_emb.weight
+        dtype = dtype or p.dtype
+        if not dtype.is_floating_point:
+            raise ValueError(f"cache dtype must be floating point (e.g. torch.bfloat16), got {dtype}")
         k_shape, v_shape = kv_cache_shapes(self.config)
         for block in self.blocks:
-            block.attn.cache = KVCache(batch_size, max_seq_len, k_shape, v_shape, p.device, dtype or p.dtype)
+            block.attn.cache = KVCache(batch_size, max_seq_len, k_shape, v_shape, p.device, dtype)
 
     @torch.no_grad()
-    def decode(self, idx, cache_seqlens):
+    def decode(self, idx, cache_seqlens, *, max_seqlen=None):
         """Run Lq new tokens per sequence against the cache and append them to it.
 
-        idx (B, Lq) int64: the new tokens (Lq = prompt length for prefill, 1 per
-        decode step, > 1 to verify speculative drafts); cache_seqlens (B,) int32:
-        tokens already cached per sequence (may differ across the batch: ragged
-        batches). Returns logits (B, Lq, vocab_size). The caller advances
-        cache_seqlens by Lq. Raises ValueError without a cache, for negative
-        cache_seqlens, or when the new tokens would go past its capacity.
+        idx (B, Lq) int64: the new tokens (a prompt, 1 per decode step, or up to
+        kernels.MAX_LQ speculative drafts to verify); cache_seqlens (B,) int: tokens
+        already cached per sequence (may differ across the batch: ragged batches).
+        Returns logits (B, Lq, vocab_size); the caller advances cache_seqlens by Lq.
+        A prompt (nothing cached before) or a chunk of more than MAX_LQ tokens attends
+        through SDPA, the training path; up to MAX_LQ tokens after cached ones go
+        through the decode kernel (CacheSlots.use_decode_attention).
+        max_seqlen: a host-side int bound, max(cache_seqlens) + Lq <= max_seqlen (a
+        decode loop knows it). Given, we trust it and read nothing of cache_seqlens on
+        the host: no GPU sync, and a step compiles with torch.compile(fullgraph=True).
+        None: we read cache_seqlens to check it (on CUDA one sync) and take its max.
+        Raises ValueError without a cache, for mismatched shapes, negative
+        cache_seqlens, a max_seqlen < Lq, or when the new tokens would go past the
+        cache's capacity.
         """
         cache = self.blocks[0].attn.cache
         if cache is None:
             raise ValueError("no KV cache: call model.setup_cache(batch_size, max_seq_len) before decode")
         B, Lq = idx.shape
-        capacity = cache.k_cache.shape[1]
+        capacity = cache.k_cache.shape[2]
         if cache.k_cache.shape[0] != B or cache_seqlens.shape != (B,):
             raise ValueError(f"cache holds {cache.k_cache.shape[0]} sequences, got idx {tuple(idx.shape)} "
                              f"and cache_seqlens {tuple(cache_seqlens.shape)}")
-        if int(cache_seqlens.min()) < 0:
-            raise ValueError(f"cache_seqlens must be >= 0, got {cache_seqlens.tolist()}")
-        end = int(cache_seqlens.max()) + Lq
-        if end > capacity:
-            raise ValueError(f"decode past the cache capacity: {end} tokens > max_seq_len={capacity}; "
+        if max_seqlen is None:
+            lo, hi = (int(x) for x in torch.aminmax(cache_seqlens))  # on CUDA: waits for the GPU
+            if lo < 0:
+                raise ValueError(f"cache_seqlens must be >= 0, got {cache_seqlens.tolist()}")
+            max_seqlen = hi + Lq
+        if max_seqlen > capacity:
+            raise ValueError(f"decode past the cache capacity: {max_seqlen} tokens > max_seq_len={capacity}; "
                              "call setup_cache with a larger max_seq_len")
+        if max_seqlen < Lq:
+            raise ValueError(f"max_seqlen={max_seqlen} must count the Lq={Lq} new tokens too")
         positions = cache_seqlens[:, None].long() + torch.arange(Lq, device=idx.device)  # (B, Lq)
-        return self._run(idx, positions, cache_seqlens.to(torch.int32))
+        slots = CacheSlots(positions, (cache_seqlens + Lq).to(torch.int32), max_seqlen)
+        return self._run(idx, positions, slots)
 
     @torch.no_grad()
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None):
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, compile=False):
         """Sample max_new_tokens after the prompt idx (B, T) with a KV cache.
 
-        One prefill of the prompt, then one decode step per token. temperature 0
-        means greedy (argmax). Returns (B, T + max_new_tokens) int64.
+        One prefill of the prompt (through SDPA, as in training), then one decode step
+        per token; temperature and top_k as in `sample`. We check the arguments and
+        the cache's capacity once here, so a step never waits for the GPU.
+        compile=True runs the steps through torch.compile(fullgraph=True, dynamic=False):
+        a compiled step attends over the whole preallocated cache under a mask (static
+        shapes, so it compiles once per batch size and length), while an eager step
+        reads only the filled length. Returns (B, T + max_new_tokens) int64.
+        Raises ValueError for an empty prompt, a negative max_new_tokens, or bad
+        temperature / top_k.
         """
+        check_sampling(temperature, top_k)
         B, T = idx.shape
-        self.setup_cache(B, T + max_new_tokens)
-        seqlens = torch.zeros(B, dtype=torch.int32, device=idx.device)
-        logits = self.decode(idx, seqlens)[:, -1]  # prefill
-        seqlens += T
-        for i in range(max_new_tokens):
-            if temperature == 0:
-                next_tok = logits.argmax(dim=-1, keepdim=True)
-            else:
-                logits = logits.float() / temperature
-                if top_k is not None:
-                    kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, -1:]
-                    logits = logits.masked_fill(logits < kth, float("-inf"))
-                next_tok = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
-            idx = torch.cat([idx, next_tok], dim=1)
-            if i + 1 < max_new_tokens:
-                logits = self.decode(next_tok, seqlens)[:, -1]
-                seqlens += 1
-        return idx
+        if T == 0 or max_new_tokens < 0:
+            raise ValueError(f"need a prompt of >= 1 token and max_new_tokens >= 0; got T={T}, "
+                             f"max_new_tokens={max_new_tokens}")
+        S = T + max_new_tokens
+        self.setup_cache(B, S)
+        out = idx.new_empty(B, S)
+        out[:, :T] = idx
+        cached = torch.zeros(B, dtype=torch.int32, device=idx.device)  # tokens in the cache
+        logits = self.decode(idx, cached, max_seqlen=T)[:, -1]  # prefill
+        step = torch.compile(self.decode, fullgraph=True, dynamic=False) if compile else self.decode
+        for t in range(T, S):
+            out[:, t] = sample(logits, temperature, top_k)
+            if t + 1 < S:
+                cached.fill_(t)
+                logits = step(out[:, t:t + 1], cached, max_seqlen=S if compile else t + 1)[:, -1]
+        return out
+
+
+def check_sampling(temperature, top_k):
+    """Raise ValueError (one line) unless temperature >= 0 and top_k is None or >= 0."""
+    if not temperature >= 0:
+        raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
+    if top_k is not None and top_k < 0:
+        raise ValueError(f"top_k must be >= 0 (0 or None: no filtering), got {top_k}")
+
+
+def sample(logits, temperature=1.0, top_k=None):
+    """Next token ids (B,) int64 from logits (B, vocab_size).
+
+    temperature 0: argmax (greedy). Otherwise a draw from softmax(logits / temperature)
+    restricted to the top_k most likely tokens; top_k None or 0 keeps them all, as in
+    HF transformers. Arguments as check_sampling allows.
+    """
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    logits = logits.float() / temperature
+    if top_k and top_k < logits.size(-1):
+        kth = torch.topk(logits, top_k).values[:, -1:]  # (B, 1): the k-th largest logit
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    return torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)[:, 0]
 
 
 # Prefixes that wrappers add to parameter names: torch.compile's OptimizedModule and
@@ -590,3 +710,119 @@ def hf_twin(config):
         cls = transformers.DeepseekV3ForCausalLM
     hf._attn_implementation = "sdpa"
     return cls(hf)
+
+
+# ----------------------------------------------------------------------------
+# Command line. python gla.py --bench: decode speed on this machine's CPU.
+
+
+def machine_name():
+    """'CPU model, N threads, torch X' for benchmark output (Linux names the CPU model)."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return f"{cpu}, {torch.get_num_threads()} threads, torch {torch.__version__}"
+
+
+def generate_by_recompute(model, idx, max_new_tokens):
+    """Greedy generation without a cache: one full forward over the whole sequence per
+    new token, the cost the KV cache saves. idx (B, T) -> (B, T + max_new_tokens)."""
+    for _ in range(max_new_tokens):
+        logits, _ = model(idx)
+        idx = torch.cat([idx, logits[:, -1].argmax(dim=-1, keepdim=True)], dim=1)
+    return idx
+
+
+def _time_interleaved(contenders, repeats):
+    """Seconds per call of each contender (name -> zero-argument function): one warm-up
+    call each, then `repeats` rounds that call each once in turn, so a busy machine slows
+    all of them alike. Returns name -> sorted list of seconds."""
+    for fn in contenders.values():
+        fn()
+    times = {name: [] for name in contenders}
+    for _ in range(repeats):
+        for name, fn in contenders.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    return {name: sorted(t) for name, t in times.items()}
+
+
+def bench(args):
+    """Greedy generation tokens/s, ours (eager, optionally compiled) against HF transformers
+    at equal dims (hf_twin; skipped without transformers), then cached generation against
+    recomputing the full forward per token. Prints markdown tables; CPU, float32."""
+    torch.manual_seed(0)
+    P, N = args.prompt_len, args.new_tokens
+    print(f"Decode benchmark: {machine_name()}")
+    print(f"preset {args.preset}, float32, greedy, {P}-token prompt + {N} new tokens; tokens/s = "
+          f"B x {N} / median seconds of {args.repeats} interleaved runs (prefill included)\n")
+    names = ["ours"] + (["ours compiled"] if args.compile else []) + ["HF"]
+    print("| variant | B | " + " | ".join(f"{n} tok/s" for n in names) + " | ours / HF |")
+    print("|---|---|" + "---|" * (len(names) + 1))
+    for variant in args.variants:
+        config = make_config(args.preset, variant, block_size=max(P + N, args.recompute_len))
+        model = GPT(config).eval()
+        try:
+            hf = hf_twin(config).eval()
+            hf.generation_config.eos_token_id = None  # always N new tokens, as ours
+            hf.generation_config.pad_token_id = 0
+        except ImportError:
+            hf = None
+        for B in args.batch_sizes:
+            idx = torch.randint(0, config.vocab_size, (B, P))
+            contenders = {"ours": lambda: model.generate(idx, N, temperature=0)}
+            if args.compile:
+                contenders["ours compiled"] = lambda: model.generate(idx, N, temperature=0, compile=True)
+            if hf is not None:
+                contenders["HF"] = lambda: hf.generate(idx, attention_mask=torch.ones_like(idx), max_new_tokens=N,
+                                                       do_sample=False)
+            with torch.no_grad():
+                times = _time_interleaved(contenders, args.repeats)
+            rates = [f"{B * N / statistics.median(times[n]):.0f}" if n in times else "-" for n in names]
+            ratio = f"{statistics.median(times['HF']) / statistics.median(times['ours']):.2f}" if hf else "-"
+            print(f"| {variant} | {B} | " + " | ".join(rates) + f" | {ratio} |", flush=True)
+    if hf is None:
+        print("\n(HF columns empty: transformers is not installed)")
+
+    L = args.recompute_len
+    print(f"\nCached generation against recomputing the full forward per new token, B=1, "
+          f"{P}-token prompt grown to {L} tokens:\n")
+    print("| variant | cached tok/s | recompute tok/s | speedup |\n|---|---|---|---|")
+    for variant in args.variants:
+        model = GPT(make_config(args.preset, variant, block_size=L)).eval()
+        idx = torch.randint(0, model.config.vocab_size, (1, P))
+        with torch.no_grad():
+            times = _time_interleaved({"cached": lambda: model.generate(idx, L - P, temperature=0),
+                                       "recompute": lambda: generate_by_recompute(model, idx, L - P)}, args.repeats)
+        cached, recompute = (statistics.median(times[n]) for n in ("cached", "recompute"))
+        print(f"| {variant} | {(L - P) / cached:.0f} | {(L - P) / recompute:.0f} | {recompute / cached:.1f} |",
+              flush=True)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description="GQA, MLA and GLA-g in one GPT. --bench: decode speed on this CPU.")
+    parser.add_argument("--bench", action="store_true", help="time greedy generation: ours vs HF, cache vs none")
+    parser.add_argument("--preset", default="tiny", choices=list(PRESETS), help="model shape (default tiny)")
+    parser.add_argument("--variants", nargs="+", default=["gqa", "mla", "gla2"], help="e.g. gqa mla gla2")
+    parser.add_argument("--batch_sizes", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--prompt_len", type=int, default=32)
+    parser.add_argument("--new_tokens", type=int, default=256)
+    parser.add_argument("--recompute_len", type=int, default=512, help="total length of the cache-vs-none run")
+    parser.add_argument("--repeats", type=int, default=5, help="interleaved timed runs per contender")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    parser.add_argument("--compile", action="store_true", help="also time generate(compile=True)")
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.bench:
+        bench(args)
+    else:
+        parser.print_help()
+
+
+if __name__ == "__main__":
+    main()

@@ -98,6 +98,11 @@ COMBINE_BLOCK_D = 64
 LOG2E = 1.4426950408889634
 
 
+# decode_attention serves decode steps and speculative drafts: at most MAX_LQ new tokens
+# per sequence. A prompt (prefill) goes through SDPA, the training path (gla.py).
+MAX_LQ = 16
+
+
 def _check_inputs(q, k_cache, v_cache, cache_seqlens, qv, max_seqlen=None):
     """Validate the decode inputs; return an upper bound on cache_seqlens (int). Raises ValueError.
 
@@ -156,41 +161,58 @@ def _default_scale(Dk, Dv, qv):
     return 1.0 / math.sqrt(Dk + Dv if qv is not None else Dk)
 
 
-def decode_attention_ref(q, k_cache, v_cache, cache_seqlens, qv=None, softmax_scale=None, *, max_seqlen=None):
-    """Decode attention in plain PyTorch (float32 math): the CPU path and the tests' oracle.
+def _heads_as_rows(x, groups):
+    """(B, Lq, H, D) -> (B * groups, H // groups * Lq, D) float32: the queries of each KV
+    head group as the rows of one matrix, row = head_in_group * Lq + token."""
+    B, Lq, H, D = x.shape
+    return x.float().transpose(1, 2).reshape(B * groups, H // groups * Lq, D)
+
+
+def decode_attention_ref(q, k_cache, v_cache, cache_seqlens, qv=None, softmax_scale=None, *, max_seqlen=None,
+                         finite_cache=False):
+    """Decode attention in plain PyTorch (float32 math): the tests' oracle and the model's CPU path.
 
     Args and result as `decode_attention`: q (B, Lq, Hq, Dk), k_cache (B, S, Hk, Dk),
     v_cache (B, S, Hkv, Dv), cache_seqlens (B,) int32, qv (B, Lq, Hq, Dv) or None,
-    max_seqlen (int or None); returns (B, Lq, Hq, Dv) in q's dtype. Raises ValueError
-    on inconsistent inputs. Reads only the first max(cache_seqlens) (or max_seqlen)
-    cache positions.
+    max_seqlen (int or None); returns (B, Lq, Hq, Dv) in q's dtype. Reads only the first
+    max(cache_seqlens) (or max_seqlen) cache positions. Positions past a sequence's
+    cache_seqlens may hold garbage (NaN in torch.empty buffers) and never reach the
+    output. finite_cache=True promises that they hold finite numbers (the model's KVCache
+    does: zero-initialised, written only with finite values), which lets us skip
+    zeroing V there: a full copy of V, about as slow on CPU as the attention itself.
+    Raises ValueError on inconsistent inputs.
+    Fast on CPU for head-major caches ((B, S, H, D) views of (B, H, S, D) buffers, as the
+    model's KVCache): the matrix products below then read each head's cache in place.
     Source: MLA absorbed decode, DeepSeek-V2 (arXiv 2405.04434) Sec. 2.1; GLA, arXiv 2505.21487.
     """
     S = _check_inputs(q, k_cache, v_cache, cache_seqlens, qv, max_seqlen)
-    k_cache, v_cache = k_cache[:, :S], v_cache[:, :S]  # positions past every sequence's length are never seen
     B, Lq, Hq, Dk = q.shape
-    Hkv, Dv = v_cache.shape[2], v_cache.shape[3]
-    G = Hq // Hkv
+    Hk, Hkv, Dv = k_cache.shape[2], v_cache.shape[2], v_cache.shape[3]
     scale = _default_scale(Dk, Dv, qv) if softmax_scale is None else softmax_scale
-    # Positions at or past cache_seqlens may hold garbage (torch.empty buffers); we zero
-    # them so that 0 * NaN cannot leak into the weighted sum.
-    valid = (torch.arange(S, device=q.device) < cache_seqlens[:, None])[:, :, None, None]  # (B, S, 1, 1)
-    k = torch.where(valid, k_cache.float(), 0.0).expand(B, S, Hkv, Dk)  # Hk = 1 serves every group
-    v = torch.where(valid, v_cache.float(), 0.0)
-    # Query head h = g * G + n uses key/value head g. We split the query heads into
-    # (Hkv, G) instead of copying K and V G times (that copy would not fit at 128K
-    # tokens). Letters: b batch, i new token, g head group, n head in group, s cache
-    # position, d feature.
-    qg = q.float().view(B, Lq, Hkv, G, Dk)
-    scores = torch.einsum("bignd,bsgd->bgnis", qg, k)
-    if qv is not None:
-        scores = scores + torch.einsum("bignd,bsgd->bgnis", qv.float().view(B, Lq, Hkv, G, Dv), v)
-    # New token i sits at position cache_seqlens - Lq + i and sees every position up to it.
-    limit = cache_seqlens[:, None] - Lq + torch.arange(Lq, device=q.device) + 1  # (B, Lq)
-    seen = torch.arange(S, device=q.device) < limit[:, :, None]  # (B, Lq, S)
-    scores = (scores * scale).masked_fill(~seen[:, None, None], float("-inf"))
-    out = torch.einsum("bgnis,bsgd->bignd", scores.softmax(dim=-1), v)
-    return out.reshape(B, Lq, Hq, Dv).to(q.dtype)
+    # Positions past every sequence's length are never seen: we slice them off.
+    k = k_cache[:, :S].transpose(1, 2).float()  # (B, Hk, S, Dk)
+    v = v_cache[:, :S].transpose(1, 2).float()  # (B, Hkv, S, Dv)
+    pos = torch.arange(S, device=q.device)
+    if not finite_cache:
+        # Masking the scores alone would let garbage through: NaN + -inf = NaN, 0 * NaN = NaN.
+        valid = (pos < cache_seqlens[:, None])[:, None, :, None]  # (B, 1, S, 1)
+        k, v = torch.where(valid, k, 0.0), torch.where(valid, v, 0.0)
+    k, v = k.reshape(B * Hk, S, Dk), v.reshape(B * Hkv, S, Dv)
+    # Query head h = g * G + n uses value head g (and key head g, or the one shared key
+    # head when Hk = 1). We stack each group's queries as the rows of one matrix rather
+    # than copying K and V G times (that copy would not fit at 128K tokens). With Hk = 1
+    # all Hq heads form one group for q . k; its rows are the Hkv groups' rows in order.
+    scores = torch.bmm(_heads_as_rows(q, Hk), k.transpose(1, 2)).view(B * Hkv, -1, S)  # (B Hkv, G Lq, S)
+    if qv is not None:  # MLA / GLA: the latent is also the non-rope key
+        scores = torch.baddbmm(scores, _heads_as_rows(qv, Hkv), v.transpose(1, 2))
+    # New token i sits at position cache_seqlens - Lq + i and sees every position up to
+    # it. We add -inf to the rest: on CPU, adding a small float bias costs a fraction of
+    # a boolean masked_fill over all the scores.
+    first_unseen = cache_seqlens[:, None] + torch.arange(1 - Lq, 1, device=q.device)  # (B, Lq)
+    bias = torch.where(pos >= first_unseen[:, None, :, None], float("-inf"), 0.0)  # (B, 1, Lq, S)
+    scores = torch.add(bias, scores.view(B, Hq, Lq, S), alpha=scale)  # scale * scores + bias
+    out = torch.bmm(scores.softmax(dim=-1).view(B * Hkv, -1, S), v)  # (B Hkv, G Lq, Dv)
+    return out.view(B, Hq, Lq, Dv).transpose(1, 2).to(q.dtype)
 
 
 if triton is not None:

@@ -9,6 +9,7 @@ CUDA they are compiled and test_kernel_on_cuda checks them in bf16 as well.
 import os
 
 import torch
+import torch.nn.functional as F
 
 HAS_CUDA = torch.cuda.is_available()
 if not HAS_CUDA:
@@ -18,6 +19,7 @@ import importlib.util
 import json
 import math
 import pathlib
+import re
 import shutil
 import signal
 import subprocess
@@ -186,37 +188,75 @@ def test_paper_dry_run():
 # gla.py: the decode path (KV cache, absorbed MLA/GLA)
 
 
+def record_attention(monkeypatch):
+    """Spy on the model's two attention paths: a list that each layer appends to,
+    ("sdpa", Lq) for F.scaled_dot_product_attention, ("decode", Lq) for the decode kernel's
+    CPU path (decode_attention_ref)."""
+    calls = []
+    sdpa, ref = F.scaled_dot_product_attention, gla.decode_attention_ref
+
+    def spy_sdpa(q, *args, **kwargs):
+        calls.append(("sdpa", q.shape[2]))  # q (B, H, Lq, D)
+        return sdpa(q, *args, **kwargs)
+
+    def spy_ref(q, *args, **kwargs):
+        calls.append(("decode", q.shape[1]))  # q (B, Lq, H, D)
+        return ref(q, *args, **kwargs)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy_sdpa)
+    monkeypatch.setattr(gla, "decode_attention_ref", spy_ref)
+    return calls
+
+
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_decode_matches_training_forward(variant):
-    """Prefill, single steps and a multi-token step through the cache give the
-    training forward's logits at every position (absorbed == naive for MLA/GLA)."""
+def test_decode_matches_training_forward(variant, monkeypatch):
+    """A prompt, single steps, speculative-style blocks and a long chunk through the cache
+    give the training forward's logits at every position (absorbed == naive for MLA/GLA).
+    The prompt and the chunk longer than kernels.MAX_LQ attend through SDPA (the training
+    path, over the cache); everything else through the decode kernel's path."""
+    calls = record_attention(monkeypatch)
     model = small_model(variant, double_heads=True)
-    idx = torch.randint(0, 256, (2, 40))
+    n = kernels.MAX_LQ
+    chunks = [(7, "sdpa"), (1, "decode"), (3, "decode"), (n, "decode"), (n + 1, "sdpa"), (1, "decode")]
+    T = sum(size for size, _ in chunks)
+    idx = torch.randint(0, 256, (2, T))
     full, _ = model(idx)
-    model.setup_cache(2, 40)
+    model.setup_cache(2, T)
     seqlens = torch.zeros(2, dtype=torch.int32)
     pieces = []
-    for n in (7, 1, 1, 3, 1, 27):  # prefill, steps, a speculative-style block of 3, the rest
+    for size, path in chunks:
         start = int(seqlens[0])
-        pieces.append(model.decode(idx[:, start:start + n], seqlens))
-        seqlens += n
+        calls.clear()
+        pieces.append(model.decode(idx[:, start:start + size], seqlens))
+        assert calls == [(path, size)] * model.config.n_layer
+        seqlens += size
     assert (torch.cat(pieces, dim=1) - full).abs().max() < 1e-4
 
 
 @interpreter_only
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_model_decode_through_the_triton_kernel(variant, monkeypatch):
-    """The path CUDA takes, run by the Triton interpreter: the kernel, fed the
-    model's real cache buffers and absorbed queries, gives the forward's logits."""
-    monkeypatch.setattr(gla, "decode_attention_ref", kernels.decode_attention)
+    """The path CUDA takes, run by the Triton interpreter: the kernel, fed the model's
+    real (head-major) cache buffers and absorbed queries, gives the forward's logits,
+    and a prompt longer than kernels.MAX_LQ never reaches it."""
+    lqs = []
+
+    def kernel(q, *args, finite_cache, **kwargs):  # the kernel masks its loads: it needs no such promise
+        lqs.append(q.shape[1])
+        return kernels.decode_attention(q, *args, **kwargs)
+
+    monkeypatch.setattr(gla, "decode_attention_ref", kernel)
     model = small_model(variant, double_heads=True)
-    idx = torch.randint(0, 256, (2, 12))
+    P = kernels.MAX_LQ + 1
+    idx = torch.randint(0, 256, (2, P + 4))
     full, _ = model(idx)
-    model.setup_cache(2, 12)
+    model.setup_cache(2, P + 4)
     seqlens = torch.zeros(2, dtype=torch.int32)
-    prefill = model.decode(idx[:, :9], seqlens)
-    step = model.decode(idx[:, 9:], seqlens + 9)  # Lq = 3
-    assert (torch.cat([prefill, step], 1) - full).abs().max() < 1e-4
+    prompt = model.decode(idx[:, :P], seqlens)
+    drafts = model.decode(idx[:, P:P + 3], seqlens + P)  # Lq = 3
+    step = model.decode(idx[:, P + 3:], seqlens + P + 3, max_seqlen=P + 4)
+    assert lqs == [3] * model.config.n_layer + [1] * model.config.n_layer
+    assert (torch.cat([prompt, drafts, step], 1) - full).abs().max() < 1e-4
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -224,13 +264,13 @@ def test_cache_holds_only_latent_and_shared_rope_key(variant):
     model = small_model(variant)
     model.setup_cache(3, 16)
     c = model.config
-    cache = model.blocks[0].attn.cache
+    cache = model.blocks[0].attn.cache  # head-major: (B, H, S, D)
     if variant == "gqa":
-        assert cache.k_cache.shape == cache.v_cache.shape == (3, 16, c.n_kv_head, c.head_dim)
+        assert cache.k_cache.shape == cache.v_cache.shape == (3, c.n_kv_head, 16, c.head_dim)
     else:
-        assert cache.k_cache.shape == (3, 16, 1, c.qk_rope_head_dim)  # ONE roped key for all heads
-        assert cache.v_cache.shape == (3, 16, c.n_latent_heads, c.kv_lora_rank // c.n_latent_heads)
-    per_token = (cache.k_cache[0, 0].numel() + cache.v_cache[0, 0].numel())
+        assert cache.k_cache.shape == (3, 1, 16, c.qk_rope_head_dim)  # ONE roped key for all heads
+        assert cache.v_cache.shape == (3, c.n_latent_heads, 16, c.kv_lora_rank // c.n_latent_heads)
+    per_token = (cache.k_cache[0, :, 0].numel() + cache.v_cache[0, :, 0].numel())
     assert per_token == gla.kv_cache_elems_per_token_per_layer(c)
 
 
@@ -241,17 +281,19 @@ def test_ragged_batch_through_cache_seqlens(variant):
     model = small_model(variant)
     a, b = torch.randint(0, 256, (1, 13)), torch.randint(0, 256, (1, 6))
     padded = torch.cat([a, torch.cat([b, torch.zeros(1, 7, dtype=torch.long)], 1)])
-    model.setup_cache(2, 20)
+    model.setup_cache(2, 32)
     logits = model.decode(padded, torch.zeros(2, dtype=torch.int32))
     seqlens = torch.tensor([13, 6], dtype=torch.int32)  # the pads of row 1 will be overwritten
     nxt = torch.randint(0, 256, (2, 2))
-    step = model.decode(nxt, seqlens)
-    ref_a, _ = model(torch.cat([a, nxt[:1]], 1))
-    ref_b, _ = model(torch.cat([b, nxt[1:]], 1))
+    step = model.decode(nxt, seqlens)  # the decode kernel's path
+    chunk = torch.randint(0, 256, (2, kernels.MAX_LQ + 1))
+    more = model.decode(chunk, seqlens + 2)  # SDPA over the cache, a per-row causal mask
+    ref_a, _ = model(torch.cat([a, nxt[:1], chunk[:1]], 1))
+    ref_b, _ = model(torch.cat([b, nxt[1:], chunk[1:]], 1))
     assert (logits[0] - ref_a[0, :13]).abs().max() < 1e-4
     assert (logits[1, :6] - ref_b[0, :6]).abs().max() < 1e-4
-    assert (step[0] - ref_a[0, 13:]).abs().max() < 1e-4
-    assert (step[1] - ref_b[0, 6:]).abs().max() < 1e-4
+    assert (torch.cat([step[0], more[0]]) - ref_a[0, 13:]).abs().max() < 1e-4
+    assert (torch.cat([step[1], more[1]]) - ref_b[0, 6:]).abs().max() < 1e-4
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -259,14 +301,78 @@ def test_greedy_generate_matches_full_recompute(variant):
     model = small_model(variant, seed=1)
     prompt = torch.randint(0, 256, (2, 5))
     out = model.generate(prompt, max_new_tokens=12, temperature=0)
-    ref = prompt
-    for _ in range(12):
-        logits, _ = model(ref)
-        ref = torch.cat([ref, logits[:, -1].argmax(-1, keepdim=True)], dim=1)
     assert out.shape == (2, 17)
-    assert torch.equal(out, ref)
+    assert torch.equal(out, gla.generate_by_recompute(model, prompt, 12))
     sampled = model.generate(prompt, max_new_tokens=4, temperature=0.8, top_k=5)
     assert sampled.shape == (2, 9) and torch.equal(sampled[:, :5], prompt)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_decode_step_compiles_to_one_static_graph(variant):
+    """torch.compile(fullgraph=True) captures a whole decode step (a graph break, e.g. a
+    tensor read on the host, would raise) and only once: with max_seqlen the cache's
+    capacity, every step attends over the same shapes under a mask, so nothing recompiles."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    model = small_model(variant, n_layer=1)
+    idx = torch.randint(0, 256, (2, 12))
+    full, _ = model(idx)
+    model.setup_cache(2, 12)
+    cached = torch.zeros(2, dtype=torch.int32)
+    pieces = [model.decode(idx[:, :5], cached, max_seqlen=5)]  # the prompt, eager
+    torch._dynamo.reset()
+    counter = CompileCounterWithBackend("aot_eager")  # traces as inductor would, runs without a C++ compiler
+    step = torch.compile(model.decode, fullgraph=True, dynamic=False, backend=counter)
+    for t in range(5, 12):
+        cached.fill_(t)
+        pieces.append(step(idx[:, t:t + 1], cached, max_seqlen=12))
+    assert counter.frame_count == 1
+    assert (torch.cat(pieces, 1) - full).abs().max() < 1e-4
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="torch.compile's CPU backend needs a C++ compiler")
+def test_generate_compiled_matches_eager():
+    model = small_model("gla2", n_layer=1)
+    prompt = torch.randint(0, 256, (2, 5))
+    eager = model.generate(prompt, max_new_tokens=6, temperature=0)
+    assert torch.equal(model.generate(prompt, max_new_tokens=6, temperature=0, compile=True), eager)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_cache_in_another_dtype_than_the_model(variant):
+    """A float16 cache on a float32 model stores K/V (the latent) in float16 and computes
+    in float32: logits stay float32 and close to the float32 cache's."""
+    model = small_model(variant)
+    idx = torch.randint(0, 256, (2, 10))
+    full, _ = model(idx)
+    model.setup_cache(2, 10, dtype=torch.float16)
+    seqlens = torch.zeros(2, dtype=torch.int32)
+    logits = torch.cat([model.decode(idx[:, :8], seqlens), model.decode(idx[:, 8:], seqlens + 8)], 1)
+    assert model.blocks[0].attn.cache.v_cache.dtype == torch.float16 and logits.dtype == torch.float32
+    assert (logits - full).abs().max() < 1e-2  # float16 keeps ~3 decimal digits of each cached value
+    with pytest.raises(ValueError, match="cache dtype must be floating point"):
+        model.setup_cache(2, 10, dtype=torch.int32)
+
+
+def test_sampling_top_k_zero_keeps_every_token_and_bad_arguments_raise(monkeypatch):
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0], [0.0, 3.0, 1.0, 0.5]])
+    drawn_from = []
+    multinomial = torch.multinomial
+    monkeypatch.setattr(torch, "multinomial", lambda p, num_samples: drawn_from.append(p) or multinomial(p, num_samples))
+    for top_k in (None, 0, 4, 2):
+        assert gla.sample(logits, temperature=0.5, top_k=top_k).shape == (2,)
+    every = F.softmax(logits / 0.5, dim=-1)
+    for p in drawn_from[:3]:  # None, 0 (as in HF transformers) and top_k = vocab: no filtering
+        torch.testing.assert_close(p, every)
+    top2 = torch.tensor([[1.0, 1.0, 0.0, 0.0], [0.0, 1.0, 1.0, 0.0]]) * every
+    torch.testing.assert_close(drawn_from[3], top2 / top2.sum(-1, keepdim=True))
+    assert gla.sample(logits, temperature=0).tolist() == [0, 1]  # greedy
+    model = small_model("gqa")
+    prompt = torch.zeros(1, 3, dtype=torch.long)
+    for kwargs, match in [(dict(temperature=-0.5), "temperature must be >= 0"), (dict(top_k=-1), "top_k must be >= 0"),
+                          (dict(max_new_tokens=-1), "max_new_tokens >= 0")]:
+        with pytest.raises(ValueError, match=match):
+            model.generate(prompt, **{"max_new_tokens": 2, **kwargs})
 
 
 def test_decode_past_capacity_and_without_cache():
@@ -280,7 +386,24 @@ def test_decode_past_capacity_and_without_cache():
     before = model.blocks[0].attn.cache.v_cache.clone()
     with pytest.raises(ValueError, match="cache_seqlens must be >= 0"):
         model.decode(torch.zeros(1, 1, dtype=torch.long), torch.full((1,), -1, dtype=torch.int32))
+    with pytest.raises(ValueError, match=r"past the cache capacity: 9 tokens"):  # a host-side bound is checked too
+        model.decode(torch.zeros(1, 1, dtype=torch.long), torch.full((1,), 6, dtype=torch.int32), max_seqlen=9)
+    with pytest.raises(ValueError, match="max_seqlen=2 must count the Lq=3 new tokens"):
+        model.decode(torch.zeros(1, 3, dtype=torch.long), torch.zeros(1, dtype=torch.int32), max_seqlen=2)
     assert torch.equal(model.blocks[0].attn.cache.v_cache, before)  # nothing was written
+
+
+def test_bench_prints_machine_and_tables_without_transformers(monkeypatch, capsys):
+    def no_transformers(config):
+        raise ImportError("no transformers")
+
+    monkeypatch.setattr(gla, "hf_twin", no_transformers)
+    gla.main(["--bench", "--variants", "gla2", "--batch_sizes", "2", "--prompt_len", "3", "--new_tokens", "2",
+              "--recompute_len", "6", "--repeats", "1"])
+    out = capsys.readouterr().out
+    assert f"torch {torch.__version__}" in out and f"{torch.get_num_threads()} threads" in out
+    assert re.search(r"^\| gla2 \| 2 \| \d+ \| - \| - \|$", out, re.M)  # ours only: no HF columns
+    assert re.search(r"^\| gla2 \| \d+ \| \d+ \| \d+\.\d \|$", out, re.M)  # cached vs recompute
 
 
 # ----------------------------------------------------------------------------

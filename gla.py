@@ -716,15 +716,19 @@ def hf_twin(config):
 # Command line. python gla.py --bench: decode speed on this machine's CPU.
 
 
-def machine_name():
-    """'CPU model, N threads, torch X' for benchmark output (Linux names the CPU model)."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return f"{cpu}, {torch.get_num_threads()} threads, torch {torch.__version__}"
+def machine(device="cpu"):
+    """One line naming the machine for benchmark output: the CPU model (or the GPU of a
+    CUDA device), threads, torch version."""
+    if torch.device(device).type == "cuda":
+        name = torch.cuda.get_device_name(device)
+    else:
+        name = platform.processor() or platform.machine()
+        try:
+            with open("/proc/cpuinfo") as f:  # Linux names the CPU model here
+                name = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+        except (OSError, StopIteration):
+            pass
+    return f"{name}, {torch.get_num_threads()} threads, torch {torch.__version__}"
 
 
 def generate_by_recompute(model, idx, max_new_tokens):
@@ -757,7 +761,7 @@ def bench(args):
     recomputing the full forward per token. Prints markdown tables; CPU, float32."""
     torch.manual_seed(0)
     P, N = args.prompt_len, args.new_tokens
-    print(f"Decode benchmark: {machine_name()}")
+    print(f"Decode benchmark on {machine()}")
     print(f"preset {args.preset}, float32, greedy, {P}-token prompt + {N} new tokens; tokens/s = "
           f"B x {N} / median seconds of {args.repeats} interleaved runs (prefill included)\n")
     names = ["ours"] + (["ours compiled"] if args.compile else []) + ["HF"]

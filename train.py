@@ -28,7 +28,6 @@ import math
 import multiprocessing
 import os
 import pathlib
-import platform
 import random
 import sys
 import sysconfig
@@ -169,16 +168,6 @@ BENCH_STEPS = 6  # timed steps per model and shape, after BENCH_WARMUP
 BENCH_WARMUP = 2
 
 
-def machine():
-    """One line naming this machine: CPU model or GPU, threads, torch version."""
-    if torch.cuda.is_available():
-        name = torch.cuda.get_device_name()
-    else:
-        name = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
-                    platform.processor() or platform.machine()) if os.path.exists("/proc/cpuinfo") else platform.machine()
-    return f"{name}, {torch.get_num_threads()} threads, torch {torch.__version__}"
-
-
 def bench(args, ctx):
     """Training tokens/s (forward, backward, AdamW step) of all six models of the
     preset (with the model flags applied) at the BENCH_SHAPES batches; with HF transformers installed, also
@@ -189,7 +178,7 @@ def bench(args, ctx):
         contenders = ("ours", "hf")
     except ImportError:
         contenders = ("ours",)
-    print(f"training throughput on {machine()}, {ctx.dtype}" + ("" if "hf" in contenders else
+    print(f"training throughput on {gla.machine(ctx.device)}, {ctx.dtype}" + ("" if "hf" in contenders else
           "; pip install transformers to compare with HF"))
     print(f"{'model':<20}{'batch':>9}{'ours tok/s':>12}" + (f"{'HF tok/s':>10}{'ours / HF':>11}" if "hf" in contenders
                                                             else ""))

@@ -715,6 +715,8 @@ def hf_twin(config):
 # ----------------------------------------------------------------------------
 # Command line. python gla.py --bench: decode speed on this machine's CPU.
 
+BENCH_CALLS = 10  # calls per timed run of a single decode step or forward (milliseconds each)
+
 
 def machine(device="cpu"):
     """One line naming the machine for benchmark output: the CPU model (or the GPU of a
@@ -729,15 +731,6 @@ def machine(device="cpu"):
         except (OSError, StopIteration):
             pass
     return f"{name}, {torch.get_num_threads()} threads, torch {torch.__version__}"
-
-
-def generate_by_recompute(model, idx, max_new_tokens):
-    """Greedy generation without a cache: one full forward over the whole sequence per
-    new token, the cost the KV cache saves. idx (B, T) -> (B, T + max_new_tokens)."""
-    for _ in range(max_new_tokens):
-        logits, _ = model(idx)
-        idx = torch.cat([idx, logits[:, -1].argmax(dim=-1, keepdim=True)], dim=1)
-    return idx
 
 
 def _time_interleaved(contenders, repeats):
@@ -768,7 +761,7 @@ def bench(args):
     print("| variant | B | " + " | ".join(f"{n} tok/s" for n in names) + " | ours / HF |")
     print("|---|---|" + "---|" * (len(names) + 1))
     for variant in args.variants:
-        config = make_config(args.preset, variant, block_size=max(P + N, args.recompute_len))
+        config = make_config(args.preset, variant, block_size=P + N)
         model = GPT(config).eval()
         try:
             hf = hf_twin(config).eval()
@@ -792,19 +785,23 @@ def bench(args):
     if hf is None:
         print("\n(HF columns empty: transformers is not installed)")
 
-    L = args.recompute_len
-    print(f"\nCached generation against recomputing the full forward per new token, B=1, "
-          f"{P}-token prompt grown to {L} tokens:\n")
-    print("| variant | cached tok/s | recompute tok/s | speedup |\n|---|---|---|---|")
+    L = args.context_len
+    print(f"\nThe next token at {L} tokens, B=1: one decode step over the {L - 1} cached tokens against "
+          f"recomputing the full forward over all {L} (median of {args.repeats} interleaved runs of "
+          f"{BENCH_CALLS} calls):\n")
+    print("| variant | decode step ms | full forward ms | speedup |\n|---|---|---|---|")
     for variant in args.variants:
         model = GPT(make_config(args.preset, variant, block_size=L)).eval()
-        idx = torch.randint(0, model.config.vocab_size, (1, P))
+        idx = torch.randint(0, model.config.vocab_size, (1, L))
+        model.setup_cache(1, L)
+        cached = torch.full((1,), L - 1, dtype=torch.int32)
         with torch.no_grad():
-            times = _time_interleaved({"cached": lambda: model.generate(idx, L - P, temperature=0),
-                                       "recompute": lambda: generate_by_recompute(model, idx, L - P)}, args.repeats)
-        cached, recompute = (statistics.median(times[n]) for n in ("cached", "recompute"))
-        print(f"| {variant} | {(L - P) / cached:.0f} | {(L - P) / recompute:.0f} | {recompute / cached:.1f} |",
-              flush=True)
+            model.decode(idx[:, :-1], torch.zeros_like(cached), max_seqlen=L - 1)  # the first L - 1 tokens
+            times = _time_interleaved({  # each call rewrites the same last cache slot: the same work every time
+                "cached": lambda: [model.decode(idx[:, -1:], cached, max_seqlen=L) for _ in range(BENCH_CALLS)],
+                "recompute": lambda: [model(idx) for _ in range(BENCH_CALLS)]}, args.repeats)
+        step, full = (statistics.median(times[n]) / BENCH_CALLS for n in ("cached", "recompute"))
+        print(f"| {variant} | {step * 1e3:.2f} | {full * 1e3:.2f} | {full / step:.1f} |", flush=True)
 
 
 def main(argv=None):
@@ -815,7 +812,7 @@ def main(argv=None):
     parser.add_argument("--batch_sizes", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--prompt_len", type=int, default=32)
     parser.add_argument("--new_tokens", type=int, default=256)
-    parser.add_argument("--recompute_len", type=int, default=512, help="total length of the cache-vs-none run")
+    parser.add_argument("--context_len", type=int, default=512, help="tokens in the cached step vs full forward")
     parser.add_argument("--repeats", type=int, default=5, help="interleaved timed runs per contender")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     parser.add_argument("--compile", action="store_true", help="also time generate(compile=True)")

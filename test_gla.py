@@ -302,7 +302,11 @@ def test_greedy_generate_matches_full_recompute(variant):
     prompt = torch.randint(0, 256, (2, 5))
     out = model.generate(prompt, max_new_tokens=12, temperature=0)
     assert out.shape == (2, 17)
-    assert torch.equal(out, gla.generate_by_recompute(model, prompt, 12))
+    ref = prompt
+    for _ in range(12):
+        logits, _ = model(ref)
+        ref = torch.cat([ref, logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+    assert torch.equal(out, ref)
     sampled = model.generate(prompt, max_new_tokens=4, temperature=0.8, top_k=5)
     assert sampled.shape == (2, 9) and torch.equal(sampled[:, :5], prompt)
 
@@ -398,12 +402,13 @@ def test_bench_prints_machine_and_tables_without_transformers(monkeypatch, capsy
         raise ImportError("no transformers")
 
     monkeypatch.setattr(gla, "hf_twin", no_transformers)
+    monkeypatch.setattr(gla, "BENCH_CALLS", 1)
     gla.main(["--bench", "--variants", "gla2", "--batch_sizes", "2", "--prompt_len", "3", "--new_tokens", "2",
-              "--recompute_len", "6", "--repeats", "1"])
+              "--context_len", "6", "--repeats", "1"])
     out = capsys.readouterr().out
     assert f"torch {torch.__version__}" in out and f"{torch.get_num_threads()} threads" in out
     assert re.search(r"^\| gla2 \| 2 \| \d+ \| - \| - \|$", out, re.M)  # ours only: no HF columns
-    assert re.search(r"^\| gla2 \| \d+ \| \d+ \| \d+\.\d \|$", out, re.M)  # cached vs recompute
+    assert re.search(r"^\| gla2 \| \d+\.\d\d \| \d+\.\d\d \| \d+\.\d \|$", out, re.M)  # step vs full forward
 
 
 # ----------------------------------------------------------------------------

@@ -286,9 +286,9 @@ class CacheSlots(NamedTuple):
 
     @property
     def use_decode_attention(self):
-        """True: attend with the decode kernel (absorbed form for MLA/GLA). False: a prompt,
-        or a chunk longer than the kernel takes, goes through SDPA, the training path: no
-        cached tokens before it (max_seqlen == Lq), or Lq > kernels.MAX_LQ."""
+        """Whether the new tokens attend through the decode kernel (the absorbed form for
+        MLA/GLA): up to kernels.MAX_LQ of them after cached ones. A prompt (nothing cached
+        before it: max_seqlen == Lq) or a longer chunk goes through SDPA, the training path."""
         Lq = self.positions.shape[1]
         return Lq <= MAX_LQ and self.max_seqlen > Lq
 
@@ -299,7 +299,7 @@ class CacheSlots(NamedTuple):
         Lq = self.positions.shape[1]
         if self.max_seqlen == Lq:
             return None
-        return (torch.arange(self.max_seqlen, device=self.positions.device) <= self.positions[:, None, :, None])
+        return torch.arange(self.max_seqlen, device=self.positions.device) <= self.positions[:, None, :, None]
 
 
 class KVCache(nn.Module):
@@ -464,8 +464,8 @@ class LatentAttention(nn.Module):
             # the latent is both the value and the non-rope part of the key. W_UK and
             # W_UV are views of wkv_b, so nothing is recomputed per step.
             qv = torch.einsum("btgkd,gkdr->btgkr", q_nope.view(B, T, g, H // g, self.nope), w_uk)
+            # o (B, T, H, r): the attention output, still in latent space
             o = self.cache.attend(q_rope, slots, qv=qv.reshape(B, T, H, r), softmax_scale=self.softmax_scale)
-            # o (B, T, H, r): still in latent space
             y = torch.einsum("btgkr,gkdr->btgkd", o.view(B, T, g, H // g, r), w_uv)  # (B, T, g, H/g, v)
         return self.wo(y.reshape(B, T, -1))
 
@@ -750,16 +750,19 @@ def _time_interleaved(contenders, repeats):
 
 def bench(args):
     """Greedy generation tokens/s, ours (eager, optionally compiled) against HF transformers
-    at equal dims (hf_twin; skipped without transformers), then cached generation against
-    recomputing the full forward per token. Prints markdown tables; CPU, float32."""
+    at equal dims (hf_twin; skipped without transformers), then the cost of the next token
+    at context_len tokens: one cached decode step against recomputing the full forward.
+    Prints markdown tables; CPU, float32."""
     torch.manual_seed(0)
     P, N = args.prompt_len, args.new_tokens
     print(f"Decode benchmark on {machine()}")
     print(f"preset {args.preset}, float32, greedy, {P}-token prompt + {N} new tokens; tokens/s = "
           f"B x {N} / median seconds of {args.repeats} interleaved runs (prefill included)\n")
     names = ["ours"] + (["ours compiled"] if args.compile else []) + ["HF"]
-    print("| variant | B | " + " | ".join(f"{n} tok/s" for n in names) + " | ours / HF |")
-    print("|---|---|" + "---|" * (len(names) + 1))
+    print("| variant | B | " + " | ".join(f"{n} tok/s" for n in names) + " | "
+          + " | ".join(f"{n} / HF" for n in names[:-1]) + " |")
+    print("|---|---|" + "---|" * (2 * len(names) - 1))
+    hf_missing = False
     for variant in args.variants:
         config = make_config(args.preset, variant, block_size=P + N)
         model = GPT(config).eval()
@@ -768,7 +771,7 @@ def bench(args):
             hf.generation_config.eos_token_id = None  # always N new tokens, as ours
             hf.generation_config.pad_token_id = 0
         except ImportError:
-            hf = None
+            hf, hf_missing = None, True
         for B in args.batch_sizes:
             idx = torch.randint(0, config.vocab_size, (B, P))
             contenders = {"ours": lambda: model.generate(idx, N, temperature=0)}
@@ -780,9 +783,10 @@ def bench(args):
             with torch.no_grad():
                 times = _time_interleaved(contenders, args.repeats)
             rates = [f"{B * N / statistics.median(times[n]):.0f}" if n in times else "-" for n in names]
-            ratio = f"{statistics.median(times['HF']) / statistics.median(times['ours']):.2f}" if hf else "-"
-            print(f"| {variant} | {B} | " + " | ".join(rates) + f" | {ratio} |", flush=True)
-    if hf is None:
+            ratios = [f"{statistics.median(times['HF']) / statistics.median(times[n]):.2f}" if hf else "-"
+                      for n in names[:-1]]
+            print(f"| {variant} | {B} | " + " | ".join(rates + ratios) + " |", flush=True)
+    if hf_missing:
         print("\n(HF columns empty: transformers is not installed)")
 
     L = args.context_len

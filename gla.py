@@ -18,8 +18,9 @@ next to each other:
   is the same class.
 
 Training runs the "naive" form (rebuild per-head K and V, then
-F.scaled_dot_product_attention). Decoding runs the "absorbed" form over a
-preallocated cache (see LatentAttention.forward), through kernels.py.
+F.scaled_dot_product_attention). Decoding fills a preallocated cache: a prompt
+attends in the training form, each decode step in the "absorbed" form through
+kernels.py (see LatentAttention.forward). `python gla.py --bench` times decoding.
 
 Einsum index letters used below:
     b batch, t query position, g KV / latent head (group), k query head within
@@ -680,7 +681,7 @@ def load_state(model, state_dict):
 
 
 # ----------------------------------------------------------------------------
-# Measuring stick for the benchmarks (train.py --bench): the HF transformers model
+# Measuring stick for the benchmarks (train.py and gla.py --bench): the HF transformers model
 # a user would pick instead, at equal dims. transformers is not a dependency.
 
 

@@ -360,9 +360,14 @@ def test_cache_in_another_dtype_than_the_model(variant):
 
 def test_sampling_top_k_zero_keeps_every_token_and_bad_arguments_raise(monkeypatch):
     logits = torch.tensor([[2.0, 1.0, 0.0, -1.0], [0.0, 3.0, 1.0, 0.5]])
-    drawn_from = []
+    drawn_from = []  # the probabilities each call samples from
     multinomial = torch.multinomial
-    monkeypatch.setattr(torch, "multinomial", lambda p, num_samples: drawn_from.append(p) or multinomial(p, num_samples))
+
+    def spy(p, num_samples):
+        drawn_from.append(p)
+        return multinomial(p, num_samples)
+
+    monkeypatch.setattr(torch, "multinomial", spy)
     for top_k in (None, 0, 4, 2):
         assert gla.sample(logits, temperature=0.5, top_k=top_k).shape == (2,)
     every = F.softmax(logits / 0.5, dim=-1)

@@ -98,11 +98,6 @@ COMBINE_BLOCK_D = 64
 LOG2E = 1.4426950408889634
 
 
-# decode_attention serves decode steps and speculative drafts: at most MAX_LQ new tokens
-# per sequence. A prompt (prefill) goes through SDPA, the training path (gla.py).
-MAX_LQ = 16
-
-
 def _check_inputs(q, k_cache, v_cache, cache_seqlens, qv, max_seqlen=None):
     """Validate the decode inputs; return an upper bound on cache_seqlens (int). Raises ValueError.
 

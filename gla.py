@@ -737,7 +737,7 @@ def machine(device="cpu"):
 def _time_interleaved(contenders, repeats):
     """Seconds per call of each contender (name -> zero-argument function): one warm-up
     call each, then `repeats` rounds that call each once in turn, so a busy machine slows
-    all of them alike. Returns name -> sorted list of seconds."""
+    all of them alike. Returns name -> list of seconds."""
     for fn in contenders.values():
         fn()
     times = {name: [] for name in contenders}
@@ -746,7 +746,7 @@ def _time_interleaved(contenders, repeats):
             t0 = time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - t0)
-    return {name: sorted(t) for name, t in times.items()}
+    return times
 
 
 def bench(args):
@@ -822,6 +822,17 @@ def main(argv=None):
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     parser.add_argument("--compile", action="store_true", help="also time generate(compile=True)")
     args = parser.parse_args(argv)
+    for name, least in (("prompt_len", 1), ("new_tokens", 1), ("context_len", 2), ("repeats", 1), ("threads", 1)):
+        value = getattr(args, name)
+        if value is not None and value < least:
+            parser.error(f"--{name} must be >= {least}, got {value}")
+    if min(args.batch_sizes) < 1:
+        parser.error(f"--batch_sizes must be >= 1, got {args.batch_sizes}")
+    for variant in args.variants:
+        try:
+            make_config(args.preset, variant)
+        except ConfigError as e:
+            parser.error(str(e))
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.bench:

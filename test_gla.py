@@ -414,6 +414,10 @@ def test_bench_prints_machine_and_tables_without_transformers(monkeypatch, capsy
     assert f"torch {torch.__version__}" in out and f"{torch.get_num_threads()} threads" in out
     assert re.search(r"^\| gla2 \| 2 \| \d+ \| - \| - \|$", out, re.M)  # ours only: no HF columns
     assert re.search(r"^\| gla2 \| \d+\.\d\d \| \d+\.\d\d \| \d+\.\d \|$", out, re.M)  # step vs full forward
+    for bad, match in [(["--context_len", "1"], "--context_len must be >= 2"), (["--variants", "gla0"], "GLA-0")]:
+        with pytest.raises(SystemExit):
+            gla.main(["--bench", *bad])
+        assert match in capsys.readouterr().err
 
 
 # ----------------------------------------------------------------------------

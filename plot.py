@@ -7,8 +7,8 @@ variant, at equal training tokens t,
 
     dL(t) = L_val(baseline, t) - L_val(double heads, t)
 
-on a log y axis against training tokens; positive means doubling the heads
-helped. The figure reproduces the double-heads ablation of Liu et al.,
+on a symmetric-log y axis against training tokens; positive means doubling the
+heads helped. The figure reproduces the double-heads ablation of Liu et al.,
 "Multi-Head Low-Rank Attention", ICLR 2026 (arXiv 2603.02188); GLA is from
 Zadouri, Strauss, Dao, "Hardware-Efficient Attention for Fast Decoding", 2025
 (arXiv 2505.21487).
@@ -200,7 +200,8 @@ def plot(curves, colours, path):
     above +linthresh (where the paper's 0.002-0.01 curves live) and below
     -linthresh, linear in between, with linthresh a power of ten at or below the
     smallest |mean dL| (but at most 2 decades under the largest |dL|, so
-    noise around zero does not stretch the axis), so small positive values are not flattened into the linear band.
+    noise around zero does not stretch the axis): small values are not
+    flattened into the linear band.
     Every point keeps a marker; the dashed line at 0 separates "doubling helped"
     (above) from "doubling hurt" (below).
     """

@@ -1224,6 +1224,35 @@ def test_sigkill_then_resume_gives_identical_metrics(tmp_path, text_file):
     assert strip_timing(resumed) == strip_timing(ref)  # bit-identical losses on CPU
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the process tree from /proc")
+def test_sigterm_stops_the_jobs_workers_too(tmp_path, text_file):
+    # `kill` of a --jobs ablation must not leave its per-seed workers training as orphans.
+    proc = subprocess.Popen([sys.executable, "train.py", "--attn", "all", "--data", str(text_file), "--max_iters", "5000",
+                             "--block_size", "64", "--seeds", "2", "--jobs", "2", "--out_dir", str(tmp_path / "out")],
+                            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def alive(pid):  # a zombie (exited, not yet reaped by its new parent) counts as gone
+        try:
+            return pathlib.Path(f"/proc/{pid}/stat").read_text().split(")")[1].split()[0] != "Z"
+        except FileNotFoundError:
+            return False
+
+    children = pathlib.Path(f"/proc/{proc.pid}/task/{proc.pid}/children")
+    deadline = time.time() + 120
+    while len(children.read_text().split()) < 2 and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    workers = [int(pid) for pid in children.read_text().split()]
+    assert len(workers) >= 2, "the workers never started; the test proves nothing"
+    while not list((tmp_path / "out").glob("gqa/seed*/config.json")) and time.time() < deadline:
+        time.sleep(0.05)  # the workers are training
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) != 0
+    deadline = time.time() + 30
+    while any(map(alive, workers)) and time.time() < deadline:
+        time.sleep(0.05)
+    assert not any(map(alive, workers)), "a worker outlived its ablation"
+
+
 def test_resume_refuses_a_different_setup(tmp_path, text_file, capsys):
     out = tmp_path / "out"
     base = ["--attn", "gqa", "--out_dir", str(out), "--data", str(text_file), *FAST]

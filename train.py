@@ -29,11 +29,11 @@ import multiprocessing
 import os
 import pathlib
 import random
+import signal
 import sys
 import sysconfig
 import tempfile
 import time
-from concurrent.futures import ProcessPoolExecutor
 from contextlib import nullcontext
 
 import numpy as np
@@ -728,13 +728,8 @@ def main(argv=None):
     if jobs == 1:
         results = train_seeds(args, seeds, data, ctx, log)
     else:
-        # Tiny models use few cores well: one process per seed, each with its share
-        # of the cores, trains more tokens per second than one process using them all.
-        pool = ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"))
-        with pool:
-            futures = [pool.submit(train_seed_process, args, seed, dataclasses.replace(
-                ctx, threads=ctx.threads // jobs, bars=False)) for seed in seeds]
-            results = {k: v for f in futures for k, v in f.result().items()}  # a worker's error is raised here
+        results = train_seeds_in_processes(args, seeds, dataclasses.replace(ctx, threads=ctx.threads // jobs, bars=False),
+                                           jobs)
     for folder, last in results.items():
         if last:
             log(f"{folder}: final val loss {last['val_loss']:.4f} after {last['tokens']:,} tokens")
@@ -763,6 +758,23 @@ def train_seeds(args, seeds, data, ctx, log):
         results[run_dir(args.out_dir, variant, double_heads, seed)] = train_run(run_args, variant, double_heads, data,
                                                                                  ctx, log)
     return results
+
+
+def train_seeds_in_processes(args, seeds, ctx, jobs):
+    """Train the seeds side by side in `jobs` spawned processes of ctx.threads threads
+    each; {run folder: last evaluation}. Tiny models use few cores well: one process per
+    seed trains more tokens per second than one process using all the cores.
+
+    The workers never outlive the ablation: a worker's error (raised here), Ctrl-C or a
+    SIGTERM to this process terminates the others (Pool.__exit__); each run's last
+    checkpoint is whole (atomic writes), so --resume continues from it."""
+    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))  # `kill` -> with-exit
+    try:
+        with multiprocessing.get_context("spawn").Pool(jobs) as pool:
+            parts = pool.starmap(train_seed_process, [(args, seed, ctx) for seed in seeds], chunksize=1)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    return {folder: last for part in parts for folder, last in part.items()}
 
 
 def train_seed_process(args, seed, ctx):

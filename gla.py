@@ -28,15 +28,20 @@ Einsum index letters used below:
 """
 
 import argparse
+import json
 import math
+import os
+import pathlib
 import platform
 import re
 import statistics
+import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
@@ -681,6 +686,130 @@ def load_state(model, state_dict):
 
 
 # ----------------------------------------------------------------------------
+# Tensor-parallel decode, Megatron-style (Shoeybi et al. 2019, arXiv 1909.08053, Sec. 3):
+# each of tp ranks holds a slice of every layer and computes a partial sum of the
+# attention output and of the MLP output; one all-reduce after each adds them up, so
+# every rank carries the same residual stream. Query heads and MLP columns are split
+# (the "column-parallel" wq / wq_b / wkv_b / w1 / w2: each rank computes its own
+# heads and hidden units), and the output projections wo and w3 are split by their
+# input columns to match ("row-parallel": each rank's share is a partial sum).
+# Embeddings, norms and lm_head are replicated. The KV or latent heads go with the
+# query heads that read them, which is GLA's argument (Zadouri et al. 2025, Sec. 3.3
+# and the tensor-parallel discussion): GLA-2 at tp 2 gives each rank one latent
+# head, while MLA's single latent must sit on every rank.
+
+
+def n_groups(config):
+    """KV heads (GQA) or latent heads (MLA/GLA): what the query heads are grouped by."""
+    return config.n_kv_head if config.attn == "gqa" else config.n_latent_heads
+
+
+def tp_config(config, tp):
+    """The GPTConfig of one rank's shard under tp-way tensor parallelism.
+
+    Each rank gets n_head / tp query heads and ffn_hidden / tp MLP columns. The
+    KV or latent heads are split when tp divides them (GQA's 6 KV heads: 3 per
+    rank at tp 2; GLA-2: one latent head per rank) and duplicated when tp is a
+    multiple of them (MLA's single latent on every rank). Raises ConfigError
+    when tp divides neither way or does not divide n_head and ffn_hidden.
+    """
+    g = n_groups(config)
+    if tp < 1 or config.n_head % tp or config.ffn_hidden % tp or (g % tp and tp % g):
+        what = "n_kv_head" if config.attn == "gqa" else "n_latent_heads"
+        raise ConfigError(f"--tp {tp} must divide n_head={config.n_head} and ffn_hidden={config.ffn_hidden}, and "
+                          f"divide {what}={g} or be a multiple of it; pick another --tp")
+    local = max(g // tp, 1)  # KV / latent heads per rank
+    fields = dict(n_head=config.n_head // tp, ffn_hidden=config.ffn_hidden // tp)
+    if config.attn == "gqa":
+        fields["n_kv_head"] = local
+    else:
+        fields.update(n_latent_heads=local, kv_lora_rank=config.kv_lora_rank // g * local)
+    return replace(config, **fields)
+
+
+class TPShare(NamedTuple):
+    """What rank `rank` of `tp` holds: its config and its slices of the full model's query
+    heads, KV/latent heads (groups) and MLP columns, as ranges of indices."""
+
+    config: GPTConfig
+    heads: range
+    groups: range
+    ffn: range
+
+
+def tp_share(config, rank, tp):
+    """TPShare of rank under tp-way tensor parallelism; ConfigError as tp_config."""
+    local = tp_config(config, tp)
+    heads = range(rank * local.n_head, (rank + 1) * local.n_head)
+    g0 = heads.start // (config.n_head // n_groups(config))  # the group of our first query head
+    ffn = range(rank * local.ffn_hidden, (rank + 1) * local.ffn_hidden)
+    return TPShare(local, heads, range(g0, g0 + n_groups(local)), ffn)
+
+
+def _keep(linear, dim, *spans):
+    """Keep only the features in spans (ranges) of linear's outputs (dim 0) or inputs (dim 1)."""
+    index = torch.cat([torch.arange(s.start, s.stop) for s in spans]).to(linear.weight.device)
+    linear.weight = nn.Parameter(linear.weight.detach().index_select(dim, index))
+    linear.out_features, linear.in_features = linear.weight.shape
+
+
+def _rows(span, width):
+    """Feature indices of heads (or groups) `span`, each `width` features wide, as a range."""
+    return range(span.start * width, span.stop * width)
+
+
+def _all_reduce_output(module, args, output):
+    """Forward hook: the rank's partial output (its slice of wo or w3) summed over ranks."""
+    dist.all_reduce(output)
+    return output
+
+
+def shard_for_tp(model, rank, tp):
+    """Turn a full GPT (weights loaded) into rank's tp-way shard, in place; returns it.
+
+    Slices every block (see the section comment): GQA keeps its query heads'
+    rows of wq, their KV heads' rows of wk and wv; MLA/GLA keep their query heads'
+    rows of wq_b and of wkv_b, their latent heads' rows of wkv_a and kv_norm plus
+    the shared rope key's rows (every rank computes that key); both keep the
+    matching input columns of wo; the MLP keeps its columns of w1, w2 and rows of
+    w3. Then sets the per-rank head counts and model.config = tp_config(...), so
+    setup_cache allocates only this rank's cache, and hooks an all-reduce onto the
+    output of every attention and MLP (torch.distributed must be initialised
+    before the first forward). The training code is untouched: a shard runs the
+    same forward, decode and generate.
+    Raises ConfigError as tp_config.
+    """
+    full, share = model.config, tp_share(model.config, rank, tp)
+    for block in model.blocks:
+        attn = block.attn
+        if full.attn == "gqa":
+            _keep(attn.wq, 0, _rows(share.heads, full.head_dim))
+            _keep(attn.wk, 0, _rows(share.groups, full.head_dim))
+            _keep(attn.wv, 0, _rows(share.groups, full.head_dim))
+            _keep(attn.wo, 1, _rows(share.heads, full.head_dim))
+            attn.n_kv_head = share.config.n_kv_head
+        else:
+            latent_rows = _rows(share.groups, attn.r)
+            rope_rows = range(full.kv_lora_rank, full.kv_lora_rank + full.qk_rope_head_dim)
+            _keep(attn.wq_b, 0, _rows(share.heads, full.qk_nope_head_dim + full.qk_rope_head_dim))
+            _keep(attn.wkv_a, 0, latent_rows, rope_rows)
+            attn.kv_norm = attn.kv_norm[share.groups.start:share.groups.stop]
+            # wkv_b (g, H/g, nope + v, r): our heads are consecutive across groups
+            w = attn.wkv_b.detach().flatten(0, 1)[share.heads.start:share.heads.stop]  # (H_r, nope + v, r)
+            attn.wkv_b = nn.Parameter(w.unflatten(0, (len(share.groups), -1)))
+            _keep(attn.wo, 1, _rows(share.heads, full.v_head_dim))
+            attn.g = share.config.n_latent_heads
+        attn.n_head = share.config.n_head
+        _keep(block.mlp.w1, 0, share.ffn)
+        _keep(block.mlp.w2, 0, share.ffn)
+        _keep(block.mlp.w3, 1, share.ffn)
+        attn.register_forward_hook(_all_reduce_output)
+        block.mlp.register_forward_hook(_all_reduce_output)
+    model.config = share.config
+    return model
+
+
+# ----------------------------------------------------------------------------
 # Measuring stick for the benchmarks (train.py and gla.py --bench): the HF transformers model
 # a user would pick instead, at equal dims. transformers is not a dependency.
 
@@ -809,20 +938,222 @@ def bench(args):
         print(f"| {variant} | {step * 1e3:.2f} | {full * 1e3:.2f} | {full / step:.1f} |", flush=True)
 
 
+# ----------------------------------------------------------------------------
+# python gla.py --ckpt out/gla2/seed1337/ckpt.pt --prompt "...": text from a trained run, through
+# the KV cache and the decode path of GPT.generate, on one process or (torchrun) tp of them.
+
+
+class Codec(NamedTuple):
+    """How a run's prompt becomes token ids (encode: str -> list of int) and ids become text."""
+
+    name: str
+    encode: object
+    decode: object
+
+
+def _bytes_to_text(ids):
+    # Invalid UTF-8 (a half-learned character) shows as \xNN escapes, so nothing drawn is
+    # hidden; ids past 255 (a byte-level run with a padded vocabulary can draw them) as <id>.
+    return b"".join(bytes([i]) if i < 256 else f"<{i}>".encode() for i in ids).decode(errors="backslashreplace")
+
+
+def _parse_ids(prompt):
+    try:
+        return [int(t) for t in prompt.split()]
+    except ValueError:
+        raise ValueError("this run reads GPT-2 token ids and tiktoken is not installed: give --prompt as ids, "
+                         "e.g. --prompt '464 2068 7586'") from None
+
+
+def text_codec(config, source=None):
+    """The Codec of a run. source: the data source train.py wrote to config.json (None:
+    unknown). The default corpus and text files are byte-level (train.py reads bytes);
+    token files hold GPT-2 ids, which tiktoken turns into text if it is installed (not a
+    dependency), and which are printed as numbers otherwise. Without a source, a
+    vocabulary of 256 means bytes."""
+    if (config.vocab_size == 256) if source is None else not source.startswith("token files"):
+        return Codec("bytes", lambda s: list(s.encode()), _bytes_to_text)
+    try:
+        import tiktoken
+
+        enc = tiktoken.get_encoding("gpt2")
+        return Codec("GPT-2 BPE (tiktoken)", enc.encode, enc.decode)
+    except Exception:  # not installed, or its vocabulary file cannot be fetched (offline)
+        return Codec("GPT-2 token ids", _parse_ids, lambda ids: " ".join(map(str, ids)))
+
+
+def load_run(path):
+    """(GPTConfig, state dict, data source or None) of a train.py run, from its ckpt.pt or
+    its folder. The checkpoint is memory-mapped: only the weights we load are read. The
+    data source comes from config.json beside it. Raises ValueError (one line) for a
+    missing or unreadable checkpoint."""
+    path = pathlib.Path(path)
+    if path.is_dir():
+        path = path / "ckpt.pt"
+    if not path.is_file():
+        raise ValueError(f"no checkpoint at {path}; pass a run's ckpt.pt (train.py writes "
+                         "<out_dir>/<run>/seed<seed>/ckpt.pt) or its folder")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        config, state = GPTConfig(**ckpt["config"]["model"]), ckpt["model"]
+    except Exception as e:  # truncated, not a checkpoint, or not train.py's
+        first_line = (str(e).strip().splitlines() or [""])[0]
+        raise ValueError(f"cannot read {path} as a train.py checkpoint ({type(e).__name__}: {first_line})") from None
+    info = path.with_name("config.json")
+    source = json.loads(info.read_text()).get("data", {}).get("source") if info.is_file() else None
+    return config, state, source
+
+
+def variant_name(config):
+    """gqa, mla or glaG (e.g. gla2), as make_config and train.py name them."""
+    return f"gla{config.n_latent_heads}" if config.attn == "gla" else config.attn
+
+
+def cache_report(model, full_config, rank, tp, length):
+    """One line: what rank holds of the full model and its KV cache at `length` tokens
+    (elements per token per layer, and bytes of every layer's filled cache)."""
+    share = tp_share(full_config, rank, tp)
+    kind = "KV" if full_config.attn == "gqa" else "latent"
+    caches = [block.attn.cache for block in model.blocks]
+    nbytes = sum(c.k_cache[:, :, :length].nbytes + c.v_cache[:, :, :length].nbytes for c in caches)
+    return (f"rank {rank}/{tp}: {_span('query head', share.heads)} of {full_config.n_head}, "
+            f"{_span(kind + ' head', share.groups)} of {n_groups(full_config)}, {_span('MLP column', share.ffn)} | "
+            f"KV cache: {kv_cache_elems_per_token_per_layer(model.config)} elements per token per layer (one "
+            f"process: {kv_cache_elems_per_token_per_layer(full_config)}), {nbytes:,} bytes at {length} tokens "
+            f"({len(caches)} layers x batch {caches[0].k_cache.shape[0]}, {caches[0].k_cache.dtype})")
+
+
+def _span(noun, r):
+    """'heads 4-7' or 'head 1': a range of indices in words."""
+    return f"{noun}s {r.start}-{r.stop - 1}" if len(r) > 1 else f"{noun} {r.start}"
+
+
+class SampleJob(NamedTuple):
+    path: str
+    config: GPTConfig
+    state: dict
+    codec: Codec
+    prompt: list
+    max_new_tokens: int
+
+
+def prepare_sampling(args):
+    """Check everything the sampling command was given before any process group or model
+    exists, so that every rank fails alike, with one line. Returns (device, [SampleJob]).
+    Raises ValueError (ConfigError for a --tp the model cannot split)."""
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    if args.tp != world:
+        raise ValueError(f"--tp {args.tp} needs {args.tp} processes but WORLD_SIZE={world}: run "
+                         f"torchrun --standalone --nproc_per_node={args.tp} gla.py ... --tp {args.tp}")
+    check_sampling(args.temperature, args.top_k)
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type == "cuda":
+        if world > torch.cuda.device_count():
+            raise ValueError(f"--tp {world} on CUDA needs {world} GPUs, found {torch.cuda.device_count()}; "
+                             "use --device cpu (gloo) or fewer processes")
+        if world > 1:
+            device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+    jobs = []
+    for path in args.ckpt:
+        config, state, source = load_run(path)
+        tp_config(config, args.tp)
+        codec = text_codec(config, source)
+        prompt = codec.encode(args.prompt)
+        capacity = config.block_size  # the run's training length: positions past it were never trained
+        if not prompt or len(prompt) >= capacity:
+            raise ValueError(f"{path}: the prompt is {len(prompt)} tokens ({codec.name}); it needs 1 to "
+                             f"{capacity - 1} to fit the cache of block_size={capacity} with a new token")
+        if max(prompt) >= config.vocab_size:
+            raise ValueError(f"{path}: prompt token id {max(prompt)} >= vocab_size={config.vocab_size}")
+        n_new = capacity - len(prompt) if args.max_new_tokens is None else args.max_new_tokens
+        if len(prompt) + n_new > capacity:
+            raise ValueError(f"{path}: a {len(prompt)}-token prompt + --max_new_tokens {n_new} exceed the cache "
+                             f"of block_size={capacity} tokens; lower --max_new_tokens or shorten the prompt")
+        jobs.append(SampleJob(str(path), config, state, codec, prompt, n_new))
+    return device, jobs
+
+
+def run_sampling(args, device, jobs):
+    """Sample from each job's model on this rank and print, on rank 0, the text, tokens/s
+    and what every rank holds. Under torchrun (args.tp > 1), each rank builds the full
+    model, keeps its shard (shard_for_tp), and runs the same generate: the all-reduces
+    give every rank the same logits, so the same seed draws the same tokens everywhere
+    (checked at the end of each job)."""
+    rank, tp = int(os.environ.get("RANK", 0)), args.tp
+    if tp > 1:
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    try:
+        for job in jobs:
+            model = GPT(job.config)
+            load_state(model, job.state)
+            model.to(device).eval()
+            if tp > 1:
+                shard_for_tp(model, rank, tp)
+            torch.manual_seed(args.seed)
+            idx = torch.tensor([job.prompt], device=device)
+            t0 = time.perf_counter()
+            out = model.generate(idx, job.max_new_tokens, args.temperature, args.top_k, compile=args.compile)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            seconds = time.perf_counter() - t0
+            mine = (cache_report(model, job.config, rank, tp, out.shape[1]), out[0].tolist())
+            ranks = [mine]
+            if tp > 1:
+                ranks = [None] * tp
+                dist.all_gather_object(ranks, mine)
+            if any(tokens != mine[1] for _, tokens in ranks):
+                raise RuntimeError("the ranks drew different tokens: their logits differ; a sharding bug")
+            if rank == 0:
+                how = "greedy" if args.temperature == 0 else f"temperature {args.temperature}, top_k {args.top_k}"
+                print(f"== {job.path}: {variant_name(job.config)}, {job.codec.name}, tp {tp}, {device.type}, "
+                      f"{model.tok_emb.weight.dtype}, {how}, seed {args.seed}")
+                print(job.codec.decode(mine[1]))
+                print(f"-- {job.max_new_tokens} new tokens in {seconds:.3f} s: {job.max_new_tokens / seconds:.1f} "
+                      f"tokens/s (batch 1, prompt of {len(job.prompt)} tokens, prefill included)")
+                print("\n".join(report for report, _ in ranks), flush=True)
+    finally:
+        if tp > 1:
+            dist.destroy_process_group()
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, not argparse's usage block; under torchrun from rank 0 only
+        if os.environ.get("RANK", "0") == "0":
+            self._print_message(f"{self.prog}: error: {message}\n", sys.stderr)
+        self.exit(2)
+
+
 def main(argv=None):
-    parser = argparse.ArgumentParser(description="GQA, MLA and GLA-g in one GPT. --bench: decode speed on this CPU.")
-    parser.add_argument("--bench", action="store_true", help="time greedy generation: ours vs HF, cache vs none")
-    parser.add_argument("--preset", default="tiny", choices=list(PRESETS), help="model shape (default tiny)")
-    parser.add_argument("--variants", nargs="+", default=["gqa", "mla", "gla2"], help="e.g. gqa mla gla2")
-    parser.add_argument("--batch_sizes", type=int, nargs="+", default=[1, 8])
-    parser.add_argument("--prompt_len", type=int, default=32)
-    parser.add_argument("--new_tokens", type=int, default=256)
-    parser.add_argument("--context_len", type=int, default=512, help="tokens in the cached step vs full forward")
-    parser.add_argument("--repeats", type=int, default=5, help="interleaved timed runs per contender")
+    parser = _Parser(description="GQA, MLA and GLA-g in one GPT. --ckpt: sample text from a trained run "
+                     "(under torchrun with --tp N: tensor-parallel); --bench: decode speed on this CPU.")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
-    parser.add_argument("--compile", action="store_true", help="also time generate(compile=True)")
+    parser.add_argument("--compile", action="store_true", help="decode steps through torch.compile "
+                        "(--bench: also time them)")
+    g = parser.add_argument_group("sampling: python gla.py --ckpt out/gla2/seed1337/ckpt.pt --prompt TEXT")
+    g.add_argument("--ckpt", nargs="+", help="train.py checkpoints (ckpt.pt or its run folder), sampled in turn")
+    g.add_argument("--prompt", default="\n", help="text (byte-level runs, or GPT-2 runs with tiktoken), "
+                   "else GPT-2 token ids separated by spaces (default: a newline)")
+    g.add_argument("--max_new_tokens", type=int, default=None, help="default: fill the run's block_size")
+    g.add_argument("--temperature", type=float, default=0.8, help="0: greedy")
+    g.add_argument("--top_k", type=int, default=200, help="sample among the k likeliest tokens (0: all)")
+    g.add_argument("--seed", type=int, default=1337)
+    g.add_argument("--tp", type=int, default=1, help="tensor-parallel processes; > 1 under torchrun "
+                   "--nproc_per_node=TP (gloo on CPU, nccl on GPUs)")
+    g.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+    b = parser.add_argument_group("benchmark: python gla.py --bench")
+    b.add_argument("--bench", action="store_true", help="time greedy generation: ours vs HF, cache vs none")
+    b.add_argument("--preset", default="tiny", choices=list(PRESETS), help="model shape (default tiny)")
+    b.add_argument("--variants", nargs="+", default=["gqa", "mla", "gla2"], help="e.g. gqa mla gla2")
+    b.add_argument("--batch_sizes", type=int, nargs="+", default=[1, 8])
+    b.add_argument("--prompt_len", type=int, default=32)
+    b.add_argument("--new_tokens", type=int, default=256)
+    b.add_argument("--context_len", type=int, default=512, help="tokens in the cached step vs full forward")
+    b.add_argument("--repeats", type=int, default=5, help="interleaved timed runs per contender")
     args = parser.parse_args(argv)
-    for name, least in (("prompt_len", 1), ("new_tokens", 1), ("context_len", 2), ("repeats", 1), ("threads", 1)):
+    for name, least in (("prompt_len", 1), ("new_tokens", 1), ("context_len", 2), ("repeats", 1), ("threads", 1),
+                        ("max_new_tokens", 0), ("tp", 1)):
         value = getattr(args, name)
         if value is not None and value < least:
             parser.error(f"--{name} must be >= {least}, got {value}")
@@ -833,10 +1164,18 @@ def main(argv=None):
             make_config(args.preset, variant)
         except ConfigError as e:
             parser.error(str(e))
+    if args.bench and args.ckpt:
+        parser.error("--bench and --ckpt are two commands; give one")
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.bench:
         bench(args)
+    elif args.ckpt:
+        try:
+            device, jobs = prepare_sampling(args)
+        except ValueError as e:
+            parser.error(str(e))
+        run_sampling(args, device, jobs)
     else:
         parser.print_help()
 

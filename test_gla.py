@@ -15,6 +15,7 @@ HAS_CUDA = torch.cuda.is_available()
 if not HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede importing triton (through kernels)
 
+import dataclasses
 import importlib.util
 import json
 import math
@@ -400,6 +401,94 @@ def test_decode_past_capacity_and_without_cache():
     with pytest.raises(ValueError, match="max_seqlen=2 must count the Lq=3 new tokens"):
         model.decode(torch.zeros(1, 3, dtype=torch.long), torch.zeros(1, dtype=torch.int32), max_seqlen=2)
     assert torch.equal(model.blocks[0].attn.cache.v_cache, before)  # nothing was written
+
+
+# ----------------------------------------------------------------------------
+# gla.py --ckpt: the sampling command, on one process and tensor-parallel under torchrun
+
+
+def save_run(path, model):
+    """A checkpoint in train.py's layout: the weights and the model config (no optimizer)."""
+    torch.save({"model": model.state_dict(), "config": {"model": dataclasses.asdict(model.config)}}, path)
+
+
+def sampled_texts(out):
+    """The text under each '== <checkpoint> ...' header of the sampling command's output."""
+    return re.findall(r"^== [^\n]*\n(.*?)\n-- \d+ new tokens in", out, re.M | re.S)  # the text may span lines
+
+
+def test_tensor_parallel_greedy_decode_matches_one_process(tmp_path, capsys):
+    """One torchrun launch, 2 gloo processes, all three variants: greedy text from --tp 2
+    equals --tp 1 (which equals generate on the loaded model), token for token, and each
+    rank reports its share: GQA half the KV heads, MLA the whole latent, GLA-2 one latent
+    head plus the shared rope key. Measured: about 20 s on the busy 2-core machine."""
+    prompt, n_new = "Tensor parallel", 12
+    paths, models = [], []
+    for variant in VARIANTS:
+        models.append(small_model(variant, block_size=32))
+        paths.append(str(tmp_path / f"{variant}.pt"))
+        save_run(paths[-1], models[-1])
+    args = ["gla.py", "--ckpt", *paths, "--prompt", prompt, "--temperature", "0", "--max_new_tokens", str(n_new)]
+    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                          *args, "--tp", "2"], cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                         capture_output=True, text=True, timeout=300)
+    assert two.returncode == 0, two.stderr[-2000:]
+    gla.main([*args[1:], "--tp", "1"])
+    one = capsys.readouterr().out
+    idx = torch.tensor([list(prompt.encode())])
+    expected = [gla._bytes_to_text(m.generate(idx, n_new, temperature=0)[0].tolist()) for m in models]
+    assert sampled_texts(one) == sampled_texts(two.stdout) == expected
+
+    L = len(prompt) + n_new
+    reports = re.findall(r"^rank (\d)/2: .* \| KV cache: (\d+) elements per token per layer \(one process: (\d+)\), "
+                         r"([\d,]+) bytes at (\d+) tokens", two.stdout, re.M)
+    assert [r[0] for r in reports] == ["0", "1"] * 3  # rank 0 prints every rank's line, in order
+    for model, (r0, r1) in zip(models, zip(reports[::2], reports[1::2])):
+        c = model.config
+        per_rank = {"gqa": 2 * (c.n_kv_head // 2) * c.head_dim,  # half the KV heads
+                    "mla": c.kv_lora_rank + c.qk_rope_head_dim,  # the latent, duplicated
+                    "gla": c.kv_lora_rank // 2 + c.qk_rope_head_dim}[c.attn]  # one latent head + the rope key
+        for _, elems, full, nbytes, length in (r0, r1):
+            assert (int(elems), int(full), int(length)) == (per_rank, gla.kv_cache_elems_per_token_per_layer(c), L)
+            assert int(nbytes.replace(",", "")) == c.n_layer * L * per_rank * 4  # float32
+    assert "heads 0-3 of 8" in two.stdout and "latent head 1 of 2" in two.stdout
+
+
+def test_sampling_command_bad_input_is_one_line(tmp_path, capsys, monkeypatch):
+    path = tmp_path / "gla2.pt"
+    save_run(path, small_model("gla2", block_size=32))
+    (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
+    cases = [
+        ([str(path), "--tp", "2"], {}, "--tp 2 needs 2 processes but WORLD_SIZE=1: run torchrun"),
+        ([str(path), "--tp", "3"], {"WORLD_SIZE": "3", "RANK": "0"}, "--tp 3 must divide n_head=8"),
+        ([str(tmp_path / "none.pt")], {}, "no checkpoint at"),
+        ([str(tmp_path / "junk.pt")], {}, "cannot read"),
+        ([str(path), "--prompt", "x" * 32], {}, "the prompt is 32 tokens (bytes); it needs 1 to 31"),
+        ([str(path), "--prompt", "x" * 20, "--max_new_tokens", "13"], {}, "exceed the cache of block_size=32"),
+        ([str(path), "--temperature", "-1"], {}, "temperature must be >= 0"),
+    ]
+    for argv, env, match in cases:
+        for key, value in env.items():
+            monkeypatch.setenv(key, value)
+        with pytest.raises(SystemExit) as exit_info:
+            gla.main(["--ckpt", *argv])
+        err = capsys.readouterr().err
+        assert exit_info.value.code == 2 and match in err and err.count("\n") == 1, err
+        for key in env:
+            monkeypatch.delenv(key)
+
+
+def test_text_codec_bytes_and_gpt2_ids(monkeypatch):
+    monkeypatch.setitem(sys.modules, "tiktoken", None)  # as if not installed: ids in, ids out
+    config = gla.make_config("tiny", "gqa", vocab_size=512)
+    codec = gla.text_codec(config, "token files in edu_fineweb10B")
+    assert codec.encode("464 2068") == [464, 2068] and codec.decode([464, 2068]) == "464 2068"
+    with pytest.raises(ValueError, match="give --prompt as ids"):
+        codec.encode("The quick")
+    for source in ("stdlib corpus (out/stdlib_corpus.txt)", None):  # no config.json: 256 tokens mean bytes
+        codec = gla.text_codec(gla.make_config("tiny", "gqa"), source)
+        assert codec.encode("é!") == [0xC3, 0xA9, 0x21]
+        assert codec.decode([0xC3, 0xA9, 0xFF, 300]) == "é\\xff<300>"  # nothing drawn is hidden
 
 
 def test_bench_prints_machine_and_tables_without_transformers(monkeypatch, capsys):

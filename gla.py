@@ -20,7 +20,9 @@ next to each other:
 Training runs the "naive" form (rebuild per-head K and V, then
 F.scaled_dot_product_attention). Decoding fills a preallocated cache: a prompt
 attends in the training form, each decode step in the "absorbed" form through
-kernels.py (see LatentAttention.forward). `python gla.py --bench` times decoding.
+kernels.py (see LatentAttention.forward). `python gla.py --bench` times decoding;
+`python gla.py --ckpt out/gla2/seed1337/ckpt.pt --prompt ...` samples from a trained run,
+and under torchrun with --tp N each process keeps its tensor-parallel shard (shard_for_tp).
 
 Einsum index letters used below:
     b batch, t query position, g KV / latent head (group), k query head within
@@ -28,6 +30,7 @@ Einsum index letters used below:
 """
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -693,10 +696,11 @@ def load_state(model, state_dict):
 # (the "column-parallel" wq / wq_b / wkv_b / w1 / w2: each rank computes its own
 # heads and hidden units), and the output projections wo and w3 are split by their
 # input columns to match ("row-parallel": each rank's share is a partial sum).
-# Embeddings, norms and lm_head are replicated. The KV or latent heads go with the
-# query heads that read them, which is GLA's argument (Zadouri et al. 2025, Sec. 3.3
-# and the tensor-parallel discussion): GLA-2 at tp 2 gives each rank one latent
-# head, while MLA's single latent must sit on every rank.
+# Embeddings, norms, lm_head and MLA/GLA's query down-projection wq_a are replicated:
+# every rank computes them, as it does the shared rope key. The KV or latent heads go
+# with the query heads that read them, which is GLA's argument (Zadouri et al. 2025,
+# Sec. 3.3 and the tensor-parallel discussion): GLA-2 at tp 2 gives each rank one
+# latent head, while MLA's single latent must sit on every rank.
 
 
 def n_groups(config):
@@ -794,7 +798,8 @@ def shard_for_tp(model, rank, tp):
             _keep(attn.wq_b, 0, _rows(share.heads, full.qk_nope_head_dim + full.qk_rope_head_dim))
             _keep(attn.wkv_a, 0, latent_rows, rope_rows)
             attn.kv_norm = attn.kv_norm[share.groups.start:share.groups.stop]
-            # wkv_b (g, H/g, nope + v, r): our heads are consecutive across groups
+            # wkv_b (g, H/g, nope + v, r): query head h = (j, k) is row j * H/g + k once we flatten
+            # (g, H/g), so our heads are one block of rows, inside our latent head(s)
             w = attn.wkv_b.detach().flatten(0, 1)[share.heads.start:share.heads.stop]  # (H_r, nope + v, r)
             attn.wkv_b = nn.Parameter(w.unflatten(0, (len(share.groups), -1)))
             _keep(attn.wo, 1, _rows(share.heads, full.v_head_dim))
@@ -1091,10 +1096,14 @@ def run_sampling(args, device, jobs):
             model.to(device).eval()
             if tp > 1:
                 shard_for_tp(model, rank, tp)
-            torch.manual_seed(args.seed)
             idx = torch.tensor([job.prompt], device=device)
+            generate = functools.partial(model.generate, idx, job.max_new_tokens, args.temperature, args.top_k,
+                                         compile=args.compile)
+            if args.compile:
+                generate()  # compiles the step (once per length); the timed run below reuses it
+            torch.manual_seed(args.seed)
             t0 = time.perf_counter()
-            out = model.generate(idx, job.max_new_tokens, args.temperature, args.top_k, compile=args.compile)
+            out = generate()
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             seconds = time.perf_counter() - t0
@@ -1130,7 +1139,7 @@ def main(argv=None):
                      "(under torchrun with --tp N: tensor-parallel); --bench: decode speed on this CPU.")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     parser.add_argument("--compile", action="store_true", help="decode steps through torch.compile "
-                        "(--bench: also time them)")
+                        "(sampling: after one untimed run that compiles; --bench: also time them)")
     g = parser.add_argument_group("sampling: python gla.py --ckpt out/gla2/seed1337/ckpt.pt --prompt TEXT")
     g.add_argument("--ckpt", nargs="+", help="train.py checkpoints (ckpt.pt or its run folder), sampled in turn")
     g.add_argument("--prompt", default="\n", help="text (byte-level runs, or GPT-2 runs with tiktoken), "

@@ -421,7 +421,8 @@ def test_tensor_parallel_greedy_decode_matches_one_process(tmp_path, capsys):
     """One torchrun launch, 2 gloo processes, all three variants: greedy text from --tp 2
     equals --tp 1 (which equals generate on the loaded model), token for token, and each
     rank reports its share: GQA half the KV heads, MLA the whole latent, GLA-2 one latent
-    head plus the shared rope key. Measured: about 20 s on the busy 2-core machine."""
+    head plus the shared rope key. Took 15-22 s on the busy 2-core machine (mostly starting torch
+    in three processes)."""
     prompt, n_new = "Tensor parallel", 12
     paths, models = [], []
     for variant in VARIANTS:

@@ -1048,8 +1048,9 @@ def prepare_sampling(args):
     Raises ValueError (ConfigError for a --tp the model cannot split)."""
     world = int(os.environ.get("WORLD_SIZE", 1))
     if args.tp != world:
-        raise ValueError(f"--tp {args.tp} needs {args.tp} processes but WORLD_SIZE={world}: run "
-                         f"torchrun --standalone --nproc_per_node={args.tp} gla.py ... --tp {args.tp}")
+        fix = (f"launch torchrun --standalone --nproc_per_node={args.tp} gla.py ... --tp {args.tp}" if args.tp > 1
+               else f"pass --tp {world}")
+        raise ValueError(f"--tp {args.tp} needs {args.tp} process(es), found WORLD_SIZE={world}: {fix}")
     check_sampling(args.temperature, args.top_k)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda":

@@ -460,7 +460,7 @@ def test_sampling_command_bad_input_is_one_line(tmp_path, capsys, monkeypatch):
     save_run(path, small_model("gla2", block_size=32))
     (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
     cases = [
-        ([str(path), "--tp", "2"], {}, "--tp 2 needs 2 processes but WORLD_SIZE=1: run torchrun"),
+        ([str(path), "--tp", "2"], {}, "--tp 2 needs 2 process(es), found WORLD_SIZE=1: launch torchrun"),
         ([str(path), "--tp", "3"], {"WORLD_SIZE": "3", "RANK": "0"}, "--tp 3 must divide n_head=8"),
         ([str(tmp_path / "none.pt")], {}, "no checkpoint at"),
         ([str(tmp_path / "junk.pt")], {}, "cannot read"),

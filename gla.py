@@ -41,7 +41,7 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass, replace
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -952,8 +952,8 @@ class Codec(NamedTuple):
     """How a run's prompt becomes token ids (encode: str -> list of int) and ids become text."""
 
     name: str
-    encode: object
-    decode: object
+    encode: Callable[[str], list]
+    decode: Callable[[list], str]
 
 
 def _bytes_to_text(ids):
@@ -976,7 +976,8 @@ def text_codec(config, source=None):
     token files hold GPT-2 ids, which tiktoken turns into text if it is installed (not a
     dependency), and which are printed as numbers otherwise. Without a source, a
     vocabulary of 256 means bytes."""
-    if (config.vocab_size == 256) if source is None else not source.startswith("token files"):
+    byte_level = config.vocab_size == 256 if source is None else not source.startswith("token files")
+    if byte_level:
         return Codec("bytes", lambda s: list(s.encode()), _bytes_to_text)
     try:
         import tiktoken
@@ -1034,6 +1035,8 @@ def _span(noun, r):
 
 
 class SampleJob(NamedTuple):
+    """One checkpoint to sample from, checked: its model, weights, codec, prompt ids and length."""
+
     path: str
     config: GPTConfig
     state: dict
@@ -1082,9 +1085,10 @@ def prepare_sampling(args):
 def run_sampling(args, device, jobs):
     """Sample from each job's model on this rank and print, on rank 0, the text, tokens/s
     and what every rank holds. Under torchrun (args.tp > 1), each rank builds the full
-    model, keeps its shard (shard_for_tp), and runs the same generate: the all-reduces
-    give every rank the same logits, so the same seed draws the same tokens everywhere
-    (checked at the end of each job)."""
+    model (for a moment it holds all the weights: simple, not frugal), keeps its shard
+    (shard_for_tp), and runs the same generate: the all-reduces give every rank the
+    same logits, so the same seed draws the same tokens everywhere (checked at the end
+    of each job)."""
     rank, tp = int(os.environ.get("RANK", 0)), args.tp
     if tp > 1:
         if device.type == "cuda":

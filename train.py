@@ -224,7 +224,7 @@ def summary(config, variant, double_heads, preset):
         n_params = gla.GPT(config).num_params()
     return dict(attn=variant, double_heads=double_heads, preset=preset, n_params=n_params,
                 ffn_hidden=config.ffn_hidden, n_head=config.n_head,
-                n_kv_head=config.n_kv_head if config.attn == "gqa" else config.n_latent_heads,
+                n_kv_head=gla.n_groups(config),
                 kv_cache_elems_per_token_per_layer=gla.kv_cache_elems_per_token_per_layer(config))
 
 

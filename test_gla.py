@@ -1482,3 +1482,14 @@ def test_torchrun_two_processes_match_one(tmp_path, text_file):
     for r1, r2 in zip(a, b):
         assert abs(r1["train_loss"] - r2["train_loss"]) < 1e-5 and abs(r1["val_loss"] - r2["val_loss"]) < 1e-5
     assert two.stdout.count("final val loss") == 1  # only rank 0 prints
+
+
+def test_jobs_run_ends_without_multiprocessing_warnings(tmp_path, text_file):
+    # A finished --jobs ablation used to end with the resource tracker's "leaked
+    # semaphore" warnings (tqdm's multiprocessing lock in each spawned worker).
+    done = subprocess.run([sys.executable, "train.py", "--attn", "gqa", "--data", str(text_file), *FAST, "--seeds", "2",
+                           "--jobs", "2", "--out_dir", str(tmp_path / "out")],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert len(list((tmp_path / "out").glob("gqa/seed*/ckpt.pt"))) == 2
+    assert "resource_tracker" not in done.stderr and "Warning" not in done.stderr, done.stderr

@@ -33,6 +33,7 @@ import signal
 import sys
 import sysconfig
 import tempfile
+import threading
 import time
 from contextlib import nullcontext
 
@@ -779,6 +780,9 @@ def train_seeds_in_processes(args, seeds, ctx, jobs):
 
 def train_seed_process(args, seed, ctx):
     """One --jobs worker: the runs of one seed, on ctx.threads threads."""
+    # tqdm would create a multiprocessing lock (a named semaphore) here, which the
+    # shared resource tracker then reports as "leaked" at exit; a thread lock suffices.
+    tqdm.set_lock(threading.RLock())
     torch.set_num_threads(ctx.threads)
     data = TokenData.load(args.data, args.out_dir)  # the checked data, read again (corpus: from its cache)
     return train_seeds(args, [seed], data, ctx, lambda msg: print(msg, flush=True))

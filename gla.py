@@ -252,8 +252,8 @@ def causal_attention(q, k, v, softmax_scale=None, attn_mask=None):
     scores, 32-dim values at the tiny preset; 192 and 128 at paper scale). We pad
     the narrower of the two with zeros instead: zero key columns add nothing to the
     scores, zero value columns produce output columns we slice off, so the result
-    and its gradients are unchanged, and the fused kernel runs (1.3x faster
-    training at 8 x 512 tokens on a 2-core CPU, see README).
+    and its gradients are unchanged (up to float rounding), and the fused kernel
+    runs: 1.3x faster training than the math path at 8 x 512 tokens on a 2-core CPU.
     """
     dqk, dv = q.size(-1), v.size(-1)
     scale = softmax_scale if softmax_scale is not None else dqk**-0.5

@@ -1433,10 +1433,30 @@ def test_optimizer_and_init_follow_the_spec():
     assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0 and decay["betas"] == (0.9, 0.95)
     assert all(p.dim() >= 2 for p in decay["params"]) and all(p.dim() == 1 for p in no_decay["params"])
     assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
+    assert decay["fused"] and no_decay["fused"]  # CPU has a fused AdamW kernel
     for block in model.blocks:  # output projections start at zero, so every block starts as the identity
         assert not block.attn.wo.weight.any() and not block.mlp.w3.weight.any()
     assert abs(model.blocks[0].attn.wq_b.weight.std().item() - 0.02) < 0.002
     assert model.lm_head.weight is model.tok_emb.weight
+
+
+def test_fused_optimizer_makes_the_plain_adamw_update():
+    args = train.get_args(["--learning_rate", "1e-2"])
+    model, twin = (gla.GPT(gla.make_config("tiny", "gla2", n_layer=1)) for _ in range(2))
+    twin.load_state_dict(model.state_dict())
+    fused = train.make_optimizer(model, args)
+    plain = torch.optim.AdamW([{**g, "fused": False} for g in train.make_optimizer(twin, args).param_groups])
+    # The same gradients for both: from real ones, Adam's normalised step would amplify
+    # the models' first rounding differences wherever a gradient is near zero.
+    for _ in range(3):  # the second moment and bias correction matter from step 2 on
+        grads = [torch.randn_like(p) for p in model.parameters()]
+        for m, opt in ((model, fused), (twin, plain)):
+            for p, g in zip(m.parameters(), grads):
+                p.grad = g.clone()
+            opt.step()
+    assert model.blocks[0].attn.wo.weight.abs().min() > 0  # the update ran (wo starts at zero)
+    for (name, a), b in zip(model.named_parameters(), twin.parameters()):
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-7), name
 
 
 def test_grad_accum_matches_one_big_batch(tmp_path, text_file):

@@ -1,6 +1,6 @@
 """Tests for gla.py, kernels.py, train.py and plot.py.
 
-python -m pytest -q    # about 1.5 minutes on 2 idle CPU cores
+python -m pytest -q    # about 2.5 minutes on 2 idle CPU cores
 
 Without CUDA the Triton kernels run on CPU tensors in Triton's interpreter; with
 CUDA they are compiled and test_kernel_on_cuda checks them in bf16 as well.
@@ -37,6 +37,10 @@ import plot
 import train
 
 REPO = pathlib.Path(__file__).resolve().parent
+
+# torch.compile's CPU backend imports torch.utils.mkldnn, which still uses the
+# deprecated torch.jit.script_method: torch's warning, not ours to act on.
+pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
 
 
 # Tests are deterministic: every test starts from the same torch seed. To look for

@@ -170,7 +170,8 @@ BENCH_WARMUP = 2
 
 
 def bench(args, ctx):
-    """Training tokens/s (forward, backward, AdamW step) of all six models of the
+    """Training tokens/s (forward, backward, a plain AdamW step for both, so the
+    ratio compares the models, not the optimizers) of all six models of the
     preset (with the model flags applied) at the BENCH_SHAPES batches; with HF transformers installed, also
     its model at equal dims (gla.hf_twin). The two take turns step by step in this
     process, so both see the same machine load; we report medians."""
@@ -599,7 +600,7 @@ def train_run(args, variant, double_heads, data, ctx, log):
             gla.load_state(model, ckpt["model"])
         except ValueError as e:
             raise UsageError(f"cannot resume {ckpt_path}: {e}") from None
-        optimizer.load_state_dict(ckpt["optimizer"])
+        optimizer.load_state_dict(ckpt["optimizer"])  # its saved `fused` flag wins: an old run continues unchanged
         set_rng_state(ckpt["rng"])
         step, elapsed = ckpt["iter"], ckpt["elapsed_s"]
         loss_sum, loss_count = ckpt["train_loss_sum"], ckpt["train_loss_count"]

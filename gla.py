@@ -56,7 +56,7 @@ ATTN_TYPES = ("gqa", "mla", "gla")
 PRESETS = {
     "tiny": (2, 256, 32, 256, 128),  # trains on 2 CPU cores in about 2 minutes
     "small": (12, 768, 64, 50304, 1024),  # ~125M parameters, one GPU
-    "paper": (24, 3072, 128, 50304, 2048),  # SPEC.md, Liu et al. 2026 ablation
+    "paper": (24, 3072, 128, 50304, 2048),  # the double-heads ablation of Liu et al. 2026
 }
 
 
@@ -135,7 +135,8 @@ def kv_cache_shapes(config):
 
     GQA caches roped K and V of every KV head. MLA/GLA cache the ONE shared
     roped key as "k" and the normalized, scaled latent as "v": the latent is
-    both the value and the non-rope part of the key (SPEC.md, Decoding).
+    both the value and the non-rope part of the key (the absorbed decode of
+    DeepSeek-V2, arXiv 2405.04434, Sec. 2.1; GLA, Zadouri et al. 2025, Sec. 3.3).
     """
     if config.attn == "gqa":
         return (config.n_kv_head, config.head_dim), (config.n_kv_head, config.head_dim)
@@ -152,8 +153,9 @@ def kv_cache_elems_per_token_per_layer(config):
 def swiglu_width(config):
     """SwiGLU width that gives attention + MLP the parameters of a reference MHA layer.
 
-    Width rule of SPEC.md (Liu et al. 2026, the double-heads ablation): the
-    reference layer has n_embd // head_dim heads, i.e. 4 n_embd^2 attention
+    The width rule of Liu et al. 2026 (arXiv 2603.02188, the double-heads ablation;
+    its MLRA release sets every width this way, and the rule reproduces all six of its
+    paper-scale widths): the reference layer has n_embd // head_dim heads, i.e. 4 n_embd^2 attention
     weights, and a SwiGLU of width 8/3 n_embd (3 matrices: 8 n_embd^2). We count
     every weight of this config's attention (RMSNorm weights included), give the
     rest to the MLP, and round its width to the nearest multiple of 8.
@@ -168,7 +170,8 @@ def make_config(preset="tiny", variant="gqa", double_heads=False, n_head=None, n
     """Build the GPTConfig of a preset and variant from the paper's ratios.
 
     variant: "gqa", "mla", or "glaG" (e.g. "gla2"). Baseline: n_embd // head_dim
-    query heads. Derived as in SPEC.md: GQA groups of 4 (at baseline);
+    query heads. Derived as the paper-scale configs of Liu et al. 2026 (the MLRA
+    release) are, at any width: GQA groups of 4 (at baseline);
     MLA q_lora_rank = n_embd/2; GLA q_lora_rank = n_embd/3 (rounded to 8);
     kv_lora_rank = 4 head_dim; qk_rope = head_dim/2; qk_nope = v = head_dim.
     double_heads doubles the query heads and nothing about the cache (same
@@ -419,6 +422,9 @@ class LatentAttention(nn.Module):
         self.n_head, self.g = c.n_head, c.n_latent_heads
         self.r = c.kv_lora_rank // c.n_latent_heads
         self.nope, self.rope, self.v_dim = c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim
+        # The latents are scaled by sqrt(n_embd / rank) after their RMSNorm, as Liu et al.'s
+        # MLRA release does (DeepSeek-V2 has no such scale): a normalised rank-r vector then
+        # has the norm of an n_embd-wide one, so the up-projections see inputs of one size.
         self.q_scale = math.sqrt(c.n_embd / c.q_lora_rank)
         self.kv_scale = math.sqrt(c.n_embd / self.r)
         self.softmax_scale = 1.0 / math.sqrt(self.nope + self.rope)
@@ -498,7 +504,8 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    """Decoder-only transformer with tied embeddings and no biases (SPEC.md, paper preset).
+    """Decoder-only transformer with tied embeddings and no biases, pre-norm RMSNorm,
+    SwiGLU MLPs and RoPE, as the models of Liu et al. 2026's ablation (the MLRA release).
 
     Init: every weight N(0, init_std), the attention and MLP output projections
     zero, RMSNorm weights one.

@@ -58,7 +58,7 @@ def seeded():
 
 interpreter_only = pytest.mark.skipif(HAS_CUDA, reason="CPU tensors need the interpreter; CUDA: test_kernel_on_cuda")
 VARIANTS = ["gqa", "mla", "gla2"]
-# SPEC.md: the six SwiGLU widths and the cache of the paper-scale ablation.
+# Liu et al. 2026 (arXiv 2603.02188): the six SwiGLU widths and the cache of the paper-scale ablation.
 PAPER_WIDTHS = {("gqa", False): 9728, ("gqa", True): 7680, ("mla", False): 9448, ("mla", True): 7320,
                 ("gla2", False): 10048, ("gla2", True): 8344}
 PAPER_CACHE = {"gqa": 2 * 6 * 128, "mla": 512 + 64, "gla2": 2 * 256 + 64}
@@ -67,7 +67,7 @@ PAPER_CACHE = {"gqa": 2 * 6 * 128, "mla": 512 + 64, "gla2": 2 * 256 + 64}
 def small_model(variant, double_heads=False, seed=0, **overrides):
     torch.manual_seed(seed)
     model = gla.GPT(gla.make_config("tiny", variant, double_heads, **overrides))
-    # Output projections start at zero (SPEC init); perturb them so attention
+    # Output projections start at zero (the paper's init); perturb them so attention
     # and MLP actually shape the logits in these tests.
     with torch.no_grad():
         for p in model.parameters():
@@ -116,7 +116,8 @@ def rotate(x, pos, theta=10000.0):
 
 @pytest.mark.parametrize("variant", ["mla", "gla2"])
 def test_latent_attention_matches_spec_written_head_by_head(variant):
-    """SPEC.md's MLA / GLA-2 equations, one head at a time, with explicit softmax:
+    """The MLA / GLA-2 equations (DeepSeek-V2 Sec. 2.1; Zadouri et al. 2025 Sec. 3.3, with the
+    sqrt(n_embd / rank) latent scales of Liu et al.'s release), one head at a time, explicit softmax:
     latent head j serves query heads [j H/g, (j+1) H/g), the rope key is shared."""
     model = small_model(variant, double_heads=True)
     attn, c = model.blocks[0].attn, model.config
@@ -1239,7 +1240,9 @@ def bad_inputs(tmp_path):
         ("--grad_clip", "-1"): "--grad_clip must be a positive finite number",
         ("--learning_rate", "inf"): "--learning_rate must be a positive finite number",
         ("--weight_decay", "nan"): "--weight_decay must be a finite number",
-        ("--seed", "-1"): "--seed must be in",
+        ("--seed", "-1"): "= [0, 4294967295], got -1",
+        ("--seed", str(2**32)): "= [0, 4294967295], got 4294967296",
+        ("--seed", str(2**32 - 1), "--seeds", "2"): "= [0, 4294967294], got 4294967295",
         ("--seeds", "0"): "--seeds must be positive",
         ("--jobs", "0"): "--jobs must be positive",
         ("--warmup_iters", "-1"): "--warmup_iters must be zero or more",
@@ -1433,15 +1436,34 @@ def test_lr_schedule_warmup_then_cosine_to_a_tenth():
 def test_optimizer_and_init_follow_the_spec():
     model = gla.GPT(gla.make_config("tiny", "mla"))
     opt = train.make_optimizer(model, train.get_args([]))
-    decay, no_decay = opt.param_groups
-    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0 and decay["betas"] == (0.9, 0.95)
+    (group,) = opt.param_groups  # the paper's release: AdamW over model.parameters() whole
+    assert group["weight_decay"] == 0.1 and group["betas"] == (0.9, 0.95) and group["eps"] == 1e-8
+    assert len(group["params"]) == len(list(model.parameters()))
+    assert group["fused"]  # CPU has a fused AdamW kernel
+    decay, no_decay = train.make_optimizer(model, train.get_args(["--decay", "matrices"])).param_groups
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
     assert all(p.dim() >= 2 for p in decay["params"]) and all(p.dim() == 1 for p in no_decay["params"])
     assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
-    assert decay["fused"] and no_decay["fused"]  # CPU has a fused AdamW kernel
     for block in model.blocks:  # output projections start at zero, so every block starts as the identity
         assert not block.attn.wo.weight.any() and not block.mlp.w3.weight.any()
     assert abs(model.blocks[0].attn.wq_b.weight.std().item() - 0.02) < 0.002
     assert model.lm_head.weight is model.tok_emb.weight
+
+
+@pytest.mark.parametrize("rule, gain_after_one_step", [("all", 1 - 1e-2 * 0.1), ("matrices", 1.0)])
+def test_weight_decay_pulls_the_norm_gains_under_the_paper_rule(rule, gain_after_one_step):
+    """With zero gradients AdamW's step is its decoupled decay alone, p -= lr * wd * p:
+    the paper's rule pulls every RMSNorm gain (all ones at init) toward zero, nanoGPT's
+    leaves them at one."""
+    model = gla.GPT(gla.make_config("tiny", "gla2", n_layer=1))
+    opt = train.make_optimizer(model, train.get_args(["--learning_rate", "1e-2", "--decay", rule]))
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    opt.step()
+    norms = [m.weight for m in model.modules() if isinstance(m, torch.nn.RMSNorm)]
+    assert len(norms) == 6  # attention, q latent, 2 kv latents, MLP, final
+    for w in norms:
+        torch.testing.assert_close(w, torch.full_like(w, gain_after_one_step))
 
 
 def test_fused_optimizer_makes_the_plain_adamw_update():
@@ -1462,6 +1484,92 @@ def test_fused_optimizer_makes_the_plain_adamw_update():
     assert model.blocks[0].attn.wo.weight.abs().min() > 0  # the update ran (wo starts at zero)
     for (name, a), b in zip(model.named_parameters(), twin.parameters()):
         assert torch.allclose(a, b, rtol=1e-5, atol=1e-7), name
+
+
+def _windows_of(data, split, steps, batch_size, block_size, seed, rank=0, world_size=1):
+    """Start offsets (into the split's one array) of the windows of steps, in order."""
+    tokens = data.splits[split][0]
+    starts = []
+    for step in steps:
+        x, y = data.batch(split, step, batch_size, block_size, seed, rank, world_size)
+        for row, target in zip(x.numpy(), y.numpy()):
+            (offset,) = [o for o in range(0, len(tokens) - block_size, block_size)
+                         if (tokens[o:o + block_size] == row).all() and tokens[o + block_size] == target[-1]]
+            starts.append(offset)
+    return starts
+
+
+def test_one_pass_reads_every_window_once_and_the_next_pass_reorders():
+    tokens = np.random.default_rng(0).integers(0, 256, 1000).astype(np.uint8)  # a window shows where it is
+    data = train.TokenData([tokens], [tokens[:300]], "test", "f")
+    n = int(data.windows("train", 16).sum())
+    assert n == (1000 - 1) // 16 == 62
+    starts = _windows_of(data, "train", range(2 * n // 4 + 1), 4, 16, seed=3)  # batches of 4 straddle the passes
+    first, second = starts[:n], starts[n:2 * n]
+    assert sorted(first) == sorted(second) == list(range(0, 16 * n, 16))  # each window once per pass
+    assert first != second  # a new pass, a new order
+    assert first != sorted(first)  # shuffled, not read in order
+    assert _windows_of(data, "train", range(3), 4, 16, seed=4) != starts[:12]  # the order depends on the seed
+
+
+def test_two_processes_read_disjoint_halves_of_each_batch():
+    tokens = np.random.default_rng(1).integers(0, 256, 2000).astype(np.uint8)
+    data = train.TokenData([tokens], [tokens[:300]], "test", "f")
+    both = _windows_of(data, "train", range(5), 8, 16, seed=1)
+    ranks = [_windows_of(data, "train", range(5), 8, 16, seed=1, rank=r, world_size=2) for r in range(2)]
+    assert not set(ranks[0]) & set(ranks[1])
+    assert sorted(ranks[0] + ranks[1]) == sorted(both) and len(set(both)) == len(both)
+
+
+def test_permutation_is_a_bijection_without_a_table():
+    for n in (1, 2, 3, 5, 64, 1000, 4097):
+        p = train.permute(np.arange(n), n, (7, False, 0))
+        assert sorted(p.tolist()) == list(range(n)), n
+    n = 48_000_000  # the paper's windows: evaluated where asked, at no memory cost
+    p = train.permute(np.arange(10_000_000, 10_000_480), n, (1337, False, 0))
+    assert len(set(p.tolist())) == 480 and 0 <= p.min() and p.max() < n
+
+
+def test_run_reports_its_passes_and_paper_refuses_to_repeat(tmp_path, text_file, capsys):
+    out = tmp_path / "out"
+    assert train.cli(["--attn", "gqa", "--data", str(text_file), "--out_dir", str(out), *FAST]) == 0
+    n_windows = (90_000 - 1) // 64  # text_file: 100 KB, 90% of it the train split
+    assert (f"training: 15.4K tokens per run = {30 * 8 * 64 / (n_windows * 64):.2f} passes over "
+            f"{train.human(n_windows * 64)}") in capsys.readouterr().out
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    write_tokens(shards / "fw_train_000000.bin", np.arange(5000) % 50000, [20240520, 1, 5000])
+    write_tokens(shards / "fw_val_000000.bin", np.arange(600), [20240520, 1, 600])
+    small_paper = ["--attn", "gqa", "--preset", "paper", "--data", str(shards), "--n_layer", "1", "--n_embd", "64",
+                   "--head_dim", "16", "--block_size", "32", "--batch_size", "8", "--out_dir", str(out / "paper")]
+    assert train.cli([*small_paper, "--max_iters", "20"]) == 2  # 20 x 8 x 32 tokens: more than one pass
+    err = capsys.readouterr().err
+    assert one_line_error(err) and "5.12K tokens per run are 1.03 passes over the 4.99K" in err, err
+    assert "--allow_repeats" in err and not list(out.glob("paper/*/*/metrics.jsonl"))
+    data = train.TokenData.load(str(shards), None)
+    for argv, report in ([["--max_iters", "19"], "4.86K tokens per run = 0.97 passes over 4.99K"],
+                         [["--max_iters", "20", "--allow_repeats"], "5.12K tokens per run = 1.03 passes over 4.99K"]):
+        assert train.check_passes(train.get_args([*small_paper, *argv]), data, 32) == report
+
+
+def test_seed_range_both_ends():
+    for argv in (["--seed", "0"], ["--seed", str(2**32 - 1), "--seeds", "1"], ["--seed", str(2**32 - 2), "--seeds", "2"]):
+        train.get_args(argv)  # accepted: every seed of the run is in [0, 2**32)
+
+
+def test_a_run_that_cannot_fit_in_memory_is_refused_before_building(tmp_path, text_file, capsys, monkeypatch):
+    # The paper preset on this host (2.9B parameters at 16 bytes each: 46 GB of state alone).
+    r = subprocess.run([sys.executable, "train.py", "--attn", "gqa", "--preset", "paper", "--data", str(text_file),
+                        "--out_dir", str(tmp_path / "paper")], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and one_line_error(r.stderr), r.stderr
+    assert "GiB are free" in r.stderr and "--dry_run" in r.stderr
+    assert not list((tmp_path / "paper").glob("*/*/metrics.jsonl"))
+    monkeypatch.setattr(train, "device_memory", lambda device: 10 * 2**20)  # 10 MiB free
+    assert train.cli(["--data", str(text_file), "--out_dir", str(tmp_path / "tiny"), *FAST]) == 2
+    err = capsys.readouterr().err
+    assert one_line_error(err) and "0.0 GiB are free" in err, err
+    need = train.memory_floor(gla.make_config("tiny", "gqa", block_size=64), 8, 4, False)
+    assert 16 * 1_635_584 < need < 16 * 1_635_584 + 8 * 64 * (3 * 2 * 256 * 4 + 4 * 256) + 1
 
 
 def test_grad_accum_matches_one_big_batch(tmp_path, text_file):

@@ -51,7 +51,8 @@ MODEL_FLAGS = ("n_layer", "n_embd", "head_dim", "block_size", "vocab_size", "n_h
 PLAIN_LOG_SECONDS = 60  # progress line interval when stderr is not a terminal (no tqdm bar)
 # llm.c / modded-nanogpt token shards: 256 int32 header [magic, version, n_tokens, ...], then uint16 tokens.
 SHARD_MAGIC, SHARD_VERSION, SHARD_HEADER_INTS = 20240520, 1, 256
-# Training defaults per preset; paper = SPEC.md (60 sequences x 8 GPUs, 100k iterations, ~98B tokens).
+# Training defaults per preset; paper = Liu et al. 2026's ablation, as its MLRA release trains it
+# (60 sequences x 8 GPUs, 100k iterations, ~98B tokens).
 TRAIN_DEFAULTS = {
     "tiny": dict(max_iters=400, batch_size=16, learning_rate=1e-3, warmup_iters=40,
                  eval_interval=25, eval_iters=8, ckpt_interval=100, seeds=2),
@@ -94,6 +95,9 @@ def get_args(argv=None):
     p.add_argument("--learning_rate", type=float, help="peak learning rate")
     p.add_argument("--warmup_iters", type=int, help="linear warmup steps")
     p.add_argument("--weight_decay", type=float, default=0.1)
+    p.add_argument("--decay", default="all", choices=["all", "matrices"],
+                   help="parameters that weight decay pulls toward zero: all (the paper's release, RMSNorm "
+                        "gains included; default) or matrices (nanoGPT's convention: not the norms)")
     p.add_argument("--grad_clip", type=float, default=1.0)
     p.add_argument("--eval_interval", type=int, help="steps between validation evaluations")
     p.add_argument("--eval_iters", type=int, help="validation batches per evaluation")
@@ -107,6 +111,8 @@ def get_args(argv=None):
     p.add_argument("--seeds", type=int, help="seeds per run: --seed, --seed + 1, ... (default: per preset)")
     p.add_argument("--jobs", type=int, help="CPU: seeds trained at once, one process each, the cores shared "
                                             "between them (default: as many as seeds and cores allow)")
+    p.add_argument("--allow_repeats", action="store_true",
+                   help="--preset paper: train even if the run reads its training data more than once")
     p.add_argument("--resume", action="store_true", help="continue each run from its checkpoint")
     p.add_argument("--overwrite", action="store_true", help="start runs over even if they have a checkpoint")
     p.add_argument("--dry_run", action="store_true", help="print each run's model summary as JSON and exit")
@@ -130,8 +136,8 @@ def get_args(argv=None):
         p.error(f"--weight_decay must be a finite number >= 0, got {args.weight_decay}")
     if args.resume and args.overwrite:
         p.error("--resume and --overwrite contradict each other; pass one")
-    if not 0 <= args.seed and args.seed + args.seeds <= 2**32:
-        p.error(f"--seed must be in [0, 2**32 - seeds], got {args.seed}")
+    if not (0 <= args.seed and args.seed + args.seeds <= 2**32):
+        p.error(f"--seed must be in [0, 2**32 - seeds] = [0, {2**32 - args.seeds}], got {args.seed}")
     return args
 
 
@@ -379,27 +385,70 @@ class TokenData:
                 raise UsageError(f"{self.source}: {name} token id {top} >= vocab_size {vocab_size}; "
                                  f"pass --vocab_size {top + 1} or more (GPT-2 tokens: 50304)")
 
+    def windows(self, split, block_size):
+        """Windows of one pass over a split: per array, how many non-overlapping windows of
+        block_size + 1 tokens it holds (window w starts at token w * block_size, so a
+        window's last token is the next one's first, as llm.c's loader reads)."""
+        return np.array([max(len(a) - 1, 0) // block_size for a in self.splits[split]], dtype=np.int64)
+
     def batch(self, split, step, batch_size, block_size, seed, rank=0, world_size=1):
         """Inputs and next-token targets of process `rank`'s share of a global batch:
         rows [rank B/W, (rank+1) B/W) of it, (batch_size // world_size, block_size)
         int64 each, on CPU.
 
-        A pure function of (split, step, seed): every run draws the same windows at
-        the same step, the processes' shares are disjoint and each reads only its
-        own, and resuming needs no state.
+        Windows are drawn without replacement, pass by pass: global row j of the run
+        (j = step * batch_size + row) is position j mod N of pass j // N over the split's
+        N windows, in an order that a keyed permutation of [0, N) gives (one key per
+        seed, split and pass; no table of N entries). So within a pass every window is
+        read exactly once, as the paper's loader reads each token once, and a new pass
+        reads them in a new order. A pure function of (split, step, seed): every run
+        draws the same windows at the same step, the processes' shares are disjoint and
+        each reads only its own, and resuming needs no state.
         """
-        arrays = self.splits[split]
-        starts = np.array([max(len(a) - block_size, 0) for a in arrays])  # valid window starts per array
-        gen = torch.Generator().manual_seed(seed * 1_000_003 + step * 2 + (split == "val"))
-        u = torch.randint(int(starts.sum()), (batch_size,), generator=gen).numpy()
-        n = batch_size // world_size
-        u = u[rank * n:(rank + 1) * n]
-        ends = np.cumsum(starts)
-        which = np.searchsorted(ends, u, side="right")
-        offsets = u - (ends - starts)[which]
+        arrays, counts = self.splits[split], self.windows(split, block_size)
+        n = int(counts.sum())
+        j = step * batch_size + np.arange(rank * (batch_size // world_size), (rank + 1) * (batch_size // world_size))
+        passes, k = np.divmod(j, n)
+        window = np.empty_like(k)
+        for p in np.unique(passes):  # a batch spans at most two passes
+            key = (seed, split == "val", int(p))
+            window[passes == p] = permute(k[passes == p], n, key)
+        ends = np.cumsum(counts)
+        which = np.searchsorted(ends, window, side="right")
+        offsets = (window - (ends - counts)[which]) * block_size
         rows = np.stack([arrays[w][o:o + block_size + 1] for w, o in zip(which, offsets)]).astype(np.int64)
         rows = torch.from_numpy(rows)
         return rows[:, :-1], rows[:, 1:]
+
+
+def _mix64(x):
+    """splitmix64's finaliser (Steele, Lea, Flood 2014): a bijective scramble of uint64 values."""
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def permute(i, n, key, rounds=4):
+    """A pseudo-random permutation of [0, n), evaluated at the indices i (int64 array),
+    with O(len(i)) memory: a balanced Feistel network (Luby and Rackoff 1988) on the
+    smallest even number of bits that holds n - 1, and cycle walking (Black and Rogaway
+    2002) for the values it maps past n: apply it again until they land in [0, n).
+    The domain is under 4n, so that takes under 4 tries on average. key: a tuple of
+    ints and bools; equal keys give equal permutations."""
+    half = (max(2, int(n - 1).bit_length()) + 1) // 2
+    mask = np.uint64((1 << half) - 1)
+    subkeys = [np.uint64(int.from_bytes(hashlib.blake2b(repr((key, r)).encode(), digest_size=8).digest(), "little"))
+               for r in range(rounds)]
+    x = np.asarray(i, dtype=np.uint64).copy()
+    todo = np.ones(len(x), dtype=bool)
+    with np.errstate(over="ignore"):  # uint64 products wrap, as the mix intends
+        while todo.any():
+            left, right = x[todo] >> np.uint64(half), x[todo] & mask
+            for sub in subkeys:
+                left, right = right, left ^ (_mix64(right ^ sub) & mask)
+            x[todo] = (left << np.uint64(half)) | right
+            todo[todo] = x[todo] >= n
+    return x.astype(np.int64)
 
 
 # ----------------------------------------------------------------------------
@@ -457,7 +506,7 @@ def setup_context(args):
 
 
 def lr_at(step, args):
-    """Linear warmup, then cosine decay to 0.1 x peak at max_iters (SPEC.md)."""
+    """Linear warmup, then cosine decay to 0.1 x peak at max_iters (the MLRA release's schedule)."""
     peak = args.learning_rate
     if step < args.warmup_iters:
         return peak * (step + 1) / args.warmup_iters
@@ -466,15 +515,21 @@ def lr_at(step, args):
 
 
 def make_optimizer(model, args):
-    """AdamW, betas (0.9, 0.95); weight decay on matrices only, not on norms.
+    """AdamW, betas (0.9, 0.95), eps 1e-8 (Liu et al. 2026, the MLRA release's trainer).
 
-    PyTorch's fused kernel where it has one (CPU, CUDA): one pass over each
-    parameter instead of a dozen element-wise ops, 8 -> 3.5 ms of a ~320 ms tiny
-    step on one CPU core; the same update up to float rounding.
+    args.decay "all": weight decay on every parameter, RMSNorm gains included, as the
+    release's optimizer does (it takes model.parameters() whole): the paper's recipe.
+    "matrices": nanoGPT's convention, decay on >= 2-D weights only (a second group
+    without decay holds the norm gains).
+    PyTorch's fused kernel where it has one (CPU, CUDA): one pass over each parameter
+    instead of a dozen element-wise ops; the same update up to float rounding.
     """
     params = [p for p in model.parameters() if p.requires_grad]
-    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": args.weight_decay},
-              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    if args.decay == "all":
+        groups = [{"params": params, "weight_decay": args.weight_decay}]
+    else:
+        groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": args.weight_decay},
+                  {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
     fused = all(p.device.type in ("cpu", "cuda") for p in params)
     return torch.optim.AdamW(groups, lr=args.learning_rate, betas=(0.9, 0.95), fused=fused)
 
@@ -482,7 +537,7 @@ def make_optimizer(model, args):
 def run_spec(args, config, data):
     """What a run is: resuming under any other spec is refused."""
     train = {k: getattr(args, k) for k in ("preset", "max_iters", "batch_size", "grad_accum", "learning_rate",
-                                           "warmup_iters", "weight_decay", "grad_clip", "eval_interval",
+                                           "warmup_iters", "weight_decay", "decay", "grad_clip", "eval_interval",
                                            "eval_iters", "seed")}
     # The data is identified by its content (fingerprint), not by its path, so a
     # moved or relatively-named folder still resumes.
@@ -722,15 +777,19 @@ def main(argv=None):
                                  "pass --resume to continue it, --overwrite to start over, or another --out_dir")
     ctx = setup_context(args)
     jobs = jobs_of(args, ctx)
+    check_memory(args, configs, ctx, jobs)
     log = tqdm.write if ctx.master else (lambda msg: None)
     # Every process checks and loads the same data (the corpus cache is written
     # atomically, so concurrent builds are safe): a bad input stops all of them alike.
     data = TokenData.load(args.data, args.out_dir)
-    data.check(max(c.block_size for c in configs), min(c.vocab_size for c in configs))
+    block_size = configs[0].block_size  # one for every run: the preset's or --block_size
+    data.check(block_size, min(c.vocab_size for c in configs))
+    passes = check_passes(args, data, block_size)
     check_out_dir(args.out_dir)
     where = f"{jobs} processes of {ctx.threads // jobs} threads" if jobs > 1 else f"{ctx.world_size} process(es)"
     log(f"data: {data.source}, {data.n_tokens['train']:,} train / {data.n_tokens['val']:,} val tokens, "
         f"sha256 {data.fingerprint}; {where} on {ctx.device}, {args.dtype or ctx.dtype}")
+    log(f"training: {passes}, windows of {block_size} tokens drawn without replacement")
 
     seeds = list(range(args.seed, args.seed + args.seeds))
     if jobs == 1:
@@ -744,6 +803,72 @@ def main(argv=None):
     if ctx.world_size > 1:
         dist.destroy_process_group()
     return 0
+
+
+def human(n):
+    """98.3B, 819K: a count in three significant digits."""
+    for scale, unit in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if n >= scale:
+            return f"{n / scale:.3g}{unit}"
+    return str(n)
+
+
+def check_passes(args, data, block_size):
+    """'98.3B tokens per run = 0.98 passes over 99.6B': what each run reads of the training
+    split. The paper's runs read FineWeb-Edu 100BT once; under --preset paper a run that
+    would read its data again is refused (UsageError) unless --allow_repeats."""
+    tokens = args.max_iters * args.batch_size * block_size
+    pass_tokens = int(data.windows("train", block_size).sum()) * block_size
+    passes = tokens / pass_tokens
+    if args.preset == "paper" and passes > 1 and not args.allow_repeats:
+        raise UsageError(f"--preset paper reads its training data once, as the paper does, but {human(tokens)} "
+                         f"tokens per run are {passes:.2f} passes over the {human(pass_tokens)} of {data.source}; "
+                         "use more data (FineWeb-Edu sample-100BT, see README), fewer --max_iters, or --allow_repeats")
+    return f"{human(tokens)} tokens per run = {passes:.2f} passes over {human(pass_tokens)}"
+
+
+# Per parameter: float32 weight and gradient, AdamW's two float32 moments; DDP keeps one
+# more float32 copy of the gradients in its buckets.
+STATE_BYTES_PER_PARAM, DDP_BYTES_PER_PARAM = 16, 4
+
+
+def memory_floor(config, micro_batch, act_bytes, ddp):
+    """Bytes a training process needs at least: its parameters' state, plus a floor on the
+    activations of one micro-batch kept for the backward pass (the residual stream and
+    the normalised inputs of attention and MLP: 3 x n_embd values per token per layer, in
+    the compute dtype of act_bytes each; and the float32 logits of the loss). The real
+    use is several times the activation floor: we refuse only runs that cannot fit."""
+    with torch.device("meta"):
+        n_params = gla.GPT(config).num_params()
+    states = (STATE_BYTES_PER_PARAM + (DDP_BYTES_PER_PARAM if ddp else 0)) * n_params
+    tokens = micro_batch * config.block_size
+    return states + tokens * (3 * config.n_layer * config.n_embd * act_bytes + 4 * config.vocab_size)
+
+
+def device_memory(device):
+    """Free bytes on a CUDA device, or the memory available to new processes on this host."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        with open("/proc/meminfo") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration):
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def check_memory(args, configs, ctx, jobs):
+    """UsageError (one line) when the largest run's memory_floor, times the --jobs
+    processes that share this host, exceeds what the device has: before any model is
+    built, so a run that cannot fit fails at once instead of being killed minutes in."""
+    micro = args.batch_size // ctx.world_size // args.grad_accum
+    act_bytes = 2 if ctx.dtype in (torch.bfloat16, torch.float16) else 4
+    need = jobs * max(memory_floor(c, micro, act_bytes, ctx.world_size > 1) for c in configs)
+    have = device_memory(ctx.device)
+    if need > have:
+        raise UsageError(f"this run needs at least {need / 2**30:.1f} GiB on {ctx.device} (weights, gradients and "
+                         f"AdamW state at {STATE_BYTES_PER_PARAM} bytes per parameter, plus activations of "
+                         f"{micro} sequences) but {have / 2**30:.1f} GiB are free; use GPUs with more memory, "
+                         "a larger --grad_accum, a smaller --preset, or --dry_run for the shapes alone")
 
 
 def jobs_of(args, ctx):

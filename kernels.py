@@ -822,6 +822,12 @@ def check(output):
         sys.exit(1)
     print(f"kernel check passed: {len(BENCH_SHAPES) * len(BENCH_BATCHES) * len(CHECK_LQ)} shapes within "
           f"{CHECK_TOL} of the reference ({time.time() - start:.0f} s)", flush=True)
+    # The suite's CUDA tests: the compiled kernel in fp32/fp16/bf16, and the model's decode
+    # path (KVCache.attend into this kernel) against its forward.
+    tests = os.path.join(os.path.dirname(os.path.abspath(__file__)), "test_gla.py")
+    if subprocess.run([sys.executable, "-m", "pytest", "-q", "-k", "cuda", tests]).returncode:
+        print("\nCUDA TESTS FAILED (see above)", file=sys.stderr)
+        sys.exit(1)
     differences = []
     if sass_tools_dir() is None:
         print("AOT vs runtime build: skipped (Triton's bundled CUDA tools are missing)")

@@ -53,47 +53,10 @@ try:  # Triton is Linux-only in requirements; the reference path must import wit
 except ImportError:
     triton = None
 
-# How the split kernel is shaped for an H100/H200 (sm_90). `python kernels.py --sass`
-# compiles it for every bench shape and prints the figures quoted here (32K cached
-# tokens, bf16); "before" is the kernel of issue 8 (8 warps, num_stages=2, 64 KiB tiles).
-#
-# Warps and registers. NUM_WARPS = 4 is one warpgroup, the unit of a Hopper wgmma. One
-# program keeps its fp32 accumulator (rows x Dv) in registers; MAX_ACC_ELEMS = 16K of
-# them is 128 registers a thread. A thread may use up to 255, and 128 threads x 256 =
-# 32K registers, so two CTAs fit an SM's 64K whatever the count: no register cap needed.
-# MLA compiles to 242-254 registers, GLA-2 at Lq 2 to 242-248, no spills; GQA to 72
-# (before: MLA 8 warps x 162-164 registers, one CTA per SM).
-MAX_ACC_ELEMS = 16384
-NUM_WARPS = 4
-MIN_BLOCK = 16  # tl.dot needs every dimension >= 16
-MAX_BLOCK_N = 128
-# Shared memory and the pipeline. One stage of K+V tiles is about KV_TILE_BYTES: GQA
-# 32 tokens x (128 + 128) x 2 bytes = 16 KiB, MLA 16 x (64 + 512) x 2 = 18 KiB, GLA-2
-# 16 x (64 + 256) x 2 = 10 KiB (16 tokens: the floor of tl.dot). Triton's num_stages=4
-# keeps 3 such buffers (4 where wgmma reads them, as it may still hold the last): the
-# loop computes on one tile while the next two arrive by 128-bit cp.async, and waits
-# with `DEPBAR.LE SB0, 0x4` (2 tiles x 2 copy groups in flight). Per SM that is CTAs x
-# 2 tiles = 40 (GLA-2, Lq 2) to 128 KiB (GQA) in flight, against the ~30 KiB Little's
-# law asks (4.8 TB/s x an assumed 0.8 us latency / 132 SMs). Before: one buffer, the
-# loop waited for every copy (`DEPBAR.LE SB0, 0x0`) before it computed. A TMA path
-# (tl.make_tensor_descriptor) would move the same bytes; we leave it until a GPU can
-# tell whether it pays.
-KV_TILE_BYTES = 16 * 1024
-NUM_STAGES = 4
-# CTAs per SM the split count counts on, and the sm_90 test checks: 3 when the
-# accumulator is small (GQA, 16 x 128: the build fits 4, by its 54 KiB of shared
-# memory), else 2 (MLA and GLA-2 at Lq 2, by registers).
-SMALL_ACC_ELEMS = 4096
-CTAS_PER_SM_SMALL_ACC, CTAS_PER_SM = 3, 2
 # Speculative decoding verifies a few drafted tokens at once; a prompt (prefill) is
 # attention of another shape, which the model runs through F.scaled_dot_product_attention.
 # Lq is a runtime argument: Lq up to MAX_LQ compiles once per power-of-two row tile.
 MAX_LQ = 16
-# Split-KV sizing (see _split_count): programs in whole waves over the SMs (H200: 132),
-# while the fp32 partial outputs (written, then read back by the combine step) stay
-# near MAX_PARTIAL_TRAFFIC of the cache bytes the kernel reads.
-DEFAULT_NUM_SMS = 132
-MAX_PARTIAL_TRAFFIC = 0.125
 COMBINE_BLOCK_D = 64
 LOG2E = 1.4426950408889634
 
@@ -284,7 +247,8 @@ if triton is not None:
         out = acc / l_safe[:, None]
         part = ((b * Lq + tok) * Hq + h) * n_splits + split  # int64 (b, h); O_PART is (B, Lq, Hq, n_splits, Dv)
         tl.store(LSE_PART + part, lse, mask=row_ok)
-        tl.store(O_PART + part[:, None] * Dv + dv[None, :], out, mask=row_ok[:, None] & dv_ok[None, :])
+        tl.store(O_PART + part[:, None] * Dv + dv[None, :], out.to(O_PART.dtype.element_ty),
+                 mask=row_ok[:, None] & dv_ok[None, :])
 
     @triton.jit
     def _combine_kernel(O_PART, LSE_PART, OUT, stride_ob, stride_ol, stride_oh, Hq, Lq, n_splits, Dv,
@@ -302,66 +266,159 @@ if triton is not None:
         for d0 in range(0, Dv, BLOCK_D):
             d = d0 + tl.arange(0, BLOCK_D)
             o = tl.load(O_PART + (row * n_splits + s[:, None]) * Dv + d[None, :],
-                        mask=(s[:, None] < n_splits) & (d[None, :] < Dv), other=0.0)
+                        mask=(s[:, None] < n_splits) & (d[None, :] < Dv), other=0.0).to(tl.float32)
             out = tl.sum(w[:, None] * o, 0)
             tl.store(OUT + b * stride_ob + i * stride_ol + h * stride_oh + d,
                      out.to(OUT.dtype.element_ty), mask=d < Dv)
+
+
+# ----------------------------------------------------------------------------
+# The launch plan, for an H100/H200 (sm_90). `python kernels.py --sass` compiles the
+# kernel for every bench shape ahead of time and prints what the compiler made of each
+# plan, with the memory model below fed by that build.
+
+NUM_WARPS = 4  # one warpgroup: the unit of a Hopper wgmma
+MIN_BLOCK = 16  # tl.dot needs every dimension >= 16
+MAX_BLOCK_N = 128
+# A program keeps its fp32 accumulator (BLOCK_M rows x Dv) in registers: 16K elements are
+# 128 registers a thread (of 255), so two CTAs of 4 warps still fit an SM's 64K registers.
+# Up to 4K elements (32 registers a thread) we count on 3 CTAs per SM, else on 2.
+MAX_ACC_ELEMS = 16384
+SMALL_ACC_ELEMS = 4096
+CTAS_PER_SM_SMALL_ACC, CTAS_PER_SM = 3, 2
+# One pipeline stage loads about 16 KiB of keys and values: GQA 32 tokens x (128 + 128)
+# dims in bf16, MLA 16 x (64 + 512), GLA-2 16 x (64 + 256) (16 tokens: tl.dot's floor).
+KV_TILE_BYTES = 16 * 1024
+# Triton's num_stages = s keeps s - 2 tiles arriving by cp.async while the loop computes
+# on another (the sm_90 builds wait with `DEPBAR.LE SB0, 2 (s - 2)`). We take as many
+# stages as shared memory allows at the planned CTAs per SM, up to MAX_STAGES: 4 tiles,
+# 40 KiB (GLA-2) to 72 KiB (MLA) in flight per program.
+MAX_STAGES = 6
+SM90_SMEM_PER_SM = 228 * 1024  # CUDA C++ Programming Guide, compute capability 9.0
+SM90_SMEM_RESERVED_PER_CTA = 1024  # cudaDevAttrReservedSharedMemoryPerBlock
+SMEM_SCRATCH = 2048  # the compiler's own buffers (layout conversions): 1-2 KiB in every sm_90 build
+# Head blocks. When a group's heads x Lq rows overflow MAX_ACC_ELEMS, they split into head
+# blocks, each of which reads the group's cache again (passes; the repeats are meant to
+# hit the 50 MB L2, as the head blocks of a tile start together). At batch 1, a few head
+# blocks more than the registers need give more programs per split, so fewer splits, so
+# fewer partial outputs to write and combine: up to MAX_PASSES passes, and only when the
+# model gains more than MIN_GAIN (it counts the repeats as free, a GPU does not).
+MAX_PASSES = 4
+MIN_GAIN = 0.01
+# The memory model. A decode call moves its bytes (the cache of the valid tokens once,
+# q, qv and the output, and the partial outputs written and read back by the combine) at
+# min(HBM bandwidth, bytes in flight / HBM latency) (Little's law): to stream at 4.8 TB/s
+# with 0.8 us latency the programs must keep 3.8 MB of K/V loads in flight. These are an
+# H200's figures (4.8 TB/s is its specification; the latency an assumed round trip); the
+# model is a proxy that a GPU run of `--bench` checks.
+HBM_BYTES_PER_S = 4.8e12
+HBM_LATENCY_S = 0.8e-6
+DEFAULT_NUM_SMS = 132
+# Split counts keep the launch balanced where it fills at least half the SMs: the mean
+# over the max programs per SM stays >= MIN_BALANCE (no wave of a few stragglers).
+MIN_BALANCE = 0.9
 
 
 def _pow2(n):
     return max(MIN_BLOCK, triton.next_power_of_2(n))
 
 
-def _plan(B, Lq, Hq, Hkv, Dk, Dv, elem_bytes, max_len, num_splits, num_sms):
-    """Block sizes, warps, stages and split count for one call (see the constants at the top)."""
+def decode_bytes(B, Lq, Hq, Hk, Hkv, Dk, Dv, has_qv, seqlen, elem_bytes):
+    """(cache, io) bytes of one decode call: the cached K and V of B sequences of seqlen
+    tokens, each read once, and q, qv and the output."""
+    cache = B * seqlen * (Hk * Dk + Hkv * Dv) * elem_bytes
+    io = B * Lq * Hq * (Dk + (Dv if has_qv else 0) + Dv) * elem_bytes
+    return cache, io
+
+
+def partial_bytes(B, Lq, Hq, Dv, n_splits, elem_bytes):
+    """Bytes of the partial outputs (in the inputs' dtype, float32 for float32 inputs) and
+    their float32 log-sum-exps, written by the split kernel and read by the combine."""
+    return 2 * B * Lq * Hq * n_splits * (Dv * elem_bytes + 4)
+
+
+def modelled_seconds(nbytes, programs, ctas_per_sm, kv_bytes_in_flight, num_sms=DEFAULT_NUM_SMS):
+    """The memory model: nbytes at min(HBM_BYTES_PER_S, bytes in flight / HBM_LATENCY_S),
+    where min(programs, num_sms x ctas_per_sm) programs run at once, each with
+    kv_bytes_in_flight bytes of K/V loads outstanding."""
+    in_flight = min(programs, num_sms * ctas_per_sm) * kv_bytes_in_flight
+    return nbytes / min(HBM_BYTES_PER_S, in_flight / HBM_LATENCY_S) if in_flight else math.inf
+
+
+def _num_stages(BLOCK_M, BLOCK_DK, BLOCK_DV, has_qv, tile_smem, ctas_per_sm, elem_bytes):
+    """The most pipeline stages (<= MAX_STAGES) whose shared memory fits ctas_per_sm CTAs
+    on an SM: the q (and qv) tiles, num_stages - 1 K/V buffers (num_stages where Hopper's
+    wgmma, used from 64 rows, may still read the last one) and SMEM_SCRATCH."""
+    fixed = BLOCK_M * (BLOCK_DK + (BLOCK_DV if has_qv else 0)) * elem_bytes + SMEM_SCRATCH
+    budget = SM90_SMEM_PER_SM // ctas_per_sm - SM90_SMEM_RESERVED_PER_CTA
+    extra = 1 if BLOCK_M >= 64 else 0
+    stages = 3
+    while stages < MAX_STAGES and fixed + (stages + extra) * tile_smem <= budget:
+        stages += 1
+    return stages
+
+
+def _split_choices(units, n_blocks, ctas_per_sm, num_sms, kv_bytes_in_flight):
+    """Split counts worth modelling for `units` (batch x KV head x head block) programs per
+    split: none; the most that stay under half the SMs, but no more than fill HBM's bytes
+    in flight (more only add partials); and, for 1 to ctas_per_sm waves, the most that
+    fit whole waves of num_sms programs, if they fill MIN_BALANCE of them."""
+    saturate = math.ceil(HBM_BYTES_PER_S * HBM_LATENCY_S / (units * kv_bytes_in_flight))
+    choices = {1, min(saturate, (num_sms // 2 - 1) // units)}
+    for waves in range(1, ctas_per_sm + 1):
+        splits = waves * num_sms // units
+        if units * splits >= MIN_BALANCE * waves * num_sms:
+            choices.add(splits)
+    return sorted({min(c, n_blocks) for c in choices if c >= 1})
+
+
+@functools.lru_cache(maxsize=4096)
+def _plan(B, Lq, Hq, Hkv, Hk, Dk, Dv, has_qv, elem_bytes, max_len, num_splits, num_sms):
+    """Block sizes, head blocks, stages and split count for one call: of the head-block
+    counts and split counts above, the one the memory model finds fastest.
+
+    The choice sees Lq only as LQ_BLOCK, its power of two, so that Lq up to MAX_LQ
+    compiles at most 5 variants. It does depend on B and max_len: a decode loop at batch
+    1 may switch head blocks (one more compile) as its cache grows.
+    """
     G = Hq // Hkv
     BLOCK_DK, BLOCK_DV = _pow2(Dk), _pow2(Dv)
-    # If all G * Lq rows do not fit the accumulator budget, we split the group into head
-    # blocks, and each head block reads the group's cache again: MLA (64 heads x 512)
-    # reads it twice at Lq 1 and 4 times at Lq 2. All 64 heads in one program would need
-    # 64 x 512 fp32 = 128 KiB of accumulators, half an SM's register file: one CTA per
-    # SM (FlashMLA's choice, two warpgroups of 64 x 256), and splitting Dv across programs
-    # instead saves nothing, since every program needs all 512 latent features for its
-    # scores. We keep two CTAs per SM; the head blocks are the fastest grid axis, so the
-    # programs that read one tile start together and the repeats can come from the L2
-    # (50 MB on an H100/H200). The bench prints these passes beside the time.
     LQ_BLOCK = triton.next_power_of_2(Lq)
-    heads_per_block = max(1, MAX_ACC_ELEMS // BLOCK_DV // LQ_BLOCK)
-    n_head_blocks = triton.cdiv(G, heads_per_block)
-    heads_per_block = triton.cdiv(G, n_head_blocks)  # as even as possible
-    BLOCK_M = _pow2(heads_per_block * LQ_BLOCK)
     BLOCK_N = KV_TILE_BYTES // ((BLOCK_DK + BLOCK_DV) * elem_bytes)
     BLOCK_N = max(MIN_BLOCK, min(MAX_BLOCK_N, 1 << (BLOCK_N.bit_length() - 1)))
-    ctas_per_sm = CTAS_PER_SM_SMALL_ACC if BLOCK_M * BLOCK_DV <= SMALL_ACC_ELEMS else CTAS_PER_SM
     n_blocks = triton.cdiv(max_len, BLOCK_N)
-    if num_splits is None:
-        cache_bytes = B * max_len * Hkv * (Dk + Dv) * elem_bytes  # what the programs load
-        partial_bytes = 2 * B * Lq * Hq * Dv * 4  # per split: fp32 written, then read back
-        cap = max(1, int(cache_bytes * MAX_PARTIAL_TRAFFIC // partial_bytes))
-        num_splits = _split_count(B * Hkv * n_head_blocks, ctas_per_sm, cap, num_sms)
-    split_len = triton.cdiv(n_blocks, max(1, min(num_splits, n_blocks))) * BLOCK_N
-    return dict(LQ_BLOCK=LQ_BLOCK, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_DK=BLOCK_DK, BLOCK_DV=BLOCK_DV,
-                heads_per_block=heads_per_block, n_head_blocks=n_head_blocks, split_len=split_len,
-                n_splits=triton.cdiv(max_len, split_len), ctas_per_sm=ctas_per_sm,
-                num_warps=NUM_WARPS, num_stages=NUM_STAGES)
-
-
-def _split_count(units, ctas_per_sm, cap, num_sms):
-    """Splits per (batch, KV head, head block) unit so that programs fill whole waves of SMs.
-
-    The floor of num_sms x ctas_per_sm / units fills every CTA slot once and leaves
-    fewer than `units` slots idle (the ceiling, as before, launched 160 programs for
-    132 SMs at B 32: 1.2 waves, mean/max programs per SM 0.61). If that exceeds `cap`
-    (the partial-traffic limit) we take the whole number of waves nearest to the cap,
-    which can overshoot it by up to half a wave: an idle SM costs more than a few
-    partials (GLA-2 on one GPU at B 1, 32K tokens: 132 programs and 20% partial traffic
-    instead of 80 programs and 12%). Under half a wave, the cap decides.
-    """
-    full = num_sms * ctas_per_sm // units
-    if full <= cap:
-        return max(1, full)
-    waves = int(units * cap / num_sms + 0.5)
-    return max(1, num_sms * waves // units) if waves else cap
+    tile_bytes = BLOCK_N * (Dk + Dv) * elem_bytes  # what one stage loads from memory
+    cache, io = decode_bytes(B, LQ_BLOCK, Hq, Hk, Hkv, Dk, Dv, has_qv, max_len, elem_bytes)
+    # All G x LQ_BLOCK rows of a group in one program, unless they overflow MAX_ACC_ELEMS:
+    # MLA's 64 heads x 512 would take 128 KiB of accumulators, half an SM's registers
+    # (FlashMLA's choice: one CTA per SM, two warpgroups); we split them into head blocks.
+    fewest = triton.cdiv(G, max(1, MAX_ACC_ELEMS // BLOCK_DV // LQ_BLOCK))
+    best, n_head_blocks = None, fewest
+    while True:
+        heads_per_block = triton.cdiv(G, n_head_blocks)
+        n_head_blocks = triton.cdiv(G, heads_per_block)  # as even as possible
+        BLOCK_M = _pow2(heads_per_block * LQ_BLOCK)
+        ctas_per_sm = CTAS_PER_SM_SMALL_ACC if BLOCK_M * BLOCK_DV <= SMALL_ACC_ELEMS else CTAS_PER_SM
+        num_stages = _num_stages(BLOCK_M, BLOCK_DK, BLOCK_DV, has_qv, BLOCK_N * (BLOCK_DK + BLOCK_DV) * elem_bytes,
+                                 ctas_per_sm, elem_bytes)
+        in_flight = (num_stages - 2) * tile_bytes
+        units = B * Hkv * n_head_blocks
+        for splits in [num_splits] if num_splits else _split_choices(units, n_blocks, ctas_per_sm, num_sms,
+                                                                     in_flight):
+            split_len = triton.cdiv(n_blocks, max(1, min(splits, n_blocks))) * BLOCK_N
+            n_splits = triton.cdiv(max_len, split_len)
+            seconds = modelled_seconds(cache + io + partial_bytes(B, LQ_BLOCK, Hq, Dv, n_splits, elem_bytes),
+                                       units * n_splits, ctas_per_sm, in_flight, num_sms)
+            if (best is None or seconds < best["seconds"] * (1 - MIN_GAIN)
+                    or (seconds < best["seconds"] and n_head_blocks == best["n_head_blocks"])):
+                best = dict(LQ_BLOCK=LQ_BLOCK, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_DK=BLOCK_DK,
+                            BLOCK_DV=BLOCK_DV, heads_per_block=heads_per_block, n_head_blocks=n_head_blocks,
+                            split_len=split_len, n_splits=n_splits, ctas_per_sm=ctas_per_sm,
+                            num_warps=NUM_WARPS, num_stages=num_stages, tile_bytes=tile_bytes, seconds=seconds)
+        more = 2 * n_head_blocks
+        if more > min(G, max(fewest, MAX_PASSES)) or triton.cdiv(G, more) * LQ_BLOCK < MIN_BLOCK:
+            return best
+        n_head_blocks = more
 
 
 def _split_launch(q, k_cache, v_cache, cache_seqlens, qv, scale, max_len, num_splits, num_sms):
@@ -371,9 +428,11 @@ def _split_launch(q, k_cache, v_cache, cache_seqlens, qv, scale, max_len, num_sp
     """
     B, Lq, Hq, Dk = q.shape
     Hk, Hkv, Dv = k_cache.shape[2], v_cache.shape[2], v_cache.shape[3]
-    p = _plan(B, Lq, Hq, Hkv, Dk, Dv, q.element_size(), max_len, num_splits, num_sms)
+    p = _plan(B, Lq, Hq, Hkv, Hk, Dk, Dv, qv is not None, q.element_size(), max_len, num_splits, num_sms)
     n_splits = p["n_splits"]
-    o_part = torch.empty(B, Lq, Hq, n_splits, Dv, dtype=torch.float32, device=q.device)
+    # Partial outputs in the inputs' dtype (bf16 halves their traffic; the log-sum-exps
+    # that weigh them stay float32), float32 for float32 inputs.
+    o_part = torch.empty(B, Lq, Hq, n_splits, Dv, dtype=q.dtype, device=q.device)
     lse_part = torch.empty(B, Lq, Hq, n_splits, dtype=torch.float32, device=q.device)
     qv_arg = q if qv is None else qv  # any tensor: HAS_QV=False never reads it
     args = (q, qv_arg, k_cache, v_cache, cache_seqlens, o_part, lse_part,
@@ -488,9 +547,7 @@ SM90_REGS_PER_SM = 65536
 SM90_REG_ALLOC_UNIT = 256
 SM90_MAX_THREADS_PER_SM = 2048
 SM90_MAX_CTAS_PER_SM = 32
-SM90_SMEM_PER_SM = 228 * 1024
 SM90_SMEM_PER_CTA = 227 * 1024
-SM90_SMEM_RESERVED_PER_CTA = 1024
 SASS_TOOLS = ("ptxas", "cuobjdump", "nvdisasm")
 SASS_SEQLEN = 32768  # cached tokens of the figures
 _MMA = re.compile(r"\b(HGMMA|HMMA)\b")
@@ -575,7 +632,7 @@ def _sass_main_loop(sass):
     return min(with_mma, key=len) if with_mma else []
 
 
-def sm90_figures(name, B, Lq, S=SASS_SEQLEN, num_stages=NUM_STAGES):
+def sm90_figures(name, B, Lq, S=SASS_SEQLEN, num_stages=None):
     """What the split kernel compiles to on an H100/H200 for one bench shape (bf16, all
     B sequences at S cached tokens): a dict of the figures behind `--sass` and the sm_90
     test. Needs Triton's bundled CUDA tools (sass_tools_dir); no GPU.
@@ -588,7 +645,10 @@ def sm90_figures(name, B, Lq, S=SASS_SEQLEN, num_stages=NUM_STAGES):
     per iteration), stages (tiles in shared memory at that point: 1 + in_flight),
     ctas_per_sm (from registers, shared memory and threads) and its limit, programs,
     balance (mean over max programs per SM, DEFAULT_NUM_SMS SMs), passes (head blocks:
-    reads of each cached token), and the plan's block sizes and ctas_per_sm.
+    reads of each cached token), the plan's block sizes, stages and ctas_per_sm; and the
+    memory model fed by this build: in_flight_B (K/V bytes in flight per program: tiles
+    in flight x tile bytes), cache_B, io_B, partial_B (bytes of the call), model_s and
+    floor_s (seconds), model_pct (floor over model). num_stages None: the plan's.
     """
     return sm90_figures_many([(name, B, Lq, S, num_stages)])[0]
 
@@ -625,9 +685,10 @@ def _sm90_figures(name, B, Lq, S, num_stages):
     # The launch decode_attention would make on this bench shape, from meta tensors.
     q, k_cache, v_cache, seqlens, qv = _bench_inputs(name, B, S, Lq, torch.bfloat16, "meta")
     scale = _default_scale(q.shape[3], v_cache.shape[3], qv)
-    p, grid, args, kwargs, _, _ = _split_launch(q, k_cache, v_cache, seqlens, qv, scale, S, None, DEFAULT_NUM_SMS)
-    options = (("num_warps", kwargs.pop("num_warps")), ("num_stages", num_stages))
-    kwargs.pop("num_stages")
+    p, grid, args, kwargs, o_part, _ = _split_launch(q, k_cache, v_cache, seqlens, qv, scale, S, None,
+                                                     DEFAULT_NUM_SMS)
+    options = (("num_warps", kwargs.pop("num_warps")), ("num_stages", num_stages or kwargs.pop("num_stages")))
+    kwargs.pop("num_stages", None)
     signature, constexprs, attrs = _runtime_specialization(_split_kernel_jit(), args, kwargs,
                                                            make_backend(GPUTarget("cuda", 90, 32)))
     # Bench shapes that specialise alike (B 1 and 32, mostly) share one compile.
@@ -646,6 +707,11 @@ def _sm90_figures(name, B, Lq, S, num_stages):
     groups = sum("LDGDEPBAR" in ins for ins in loop)
     in_flight = min(waits) // groups if waits and groups else 0
     programs = math.prod(grid)
+    Hq, Hkv, Hk, Dk, Dv, use_qv = BENCH_SHAPES[name]
+    cache, io = decode_bytes(B, Lq, Hq, Hk, Hkv, Dk, Dv, use_qv, S, 2)
+    partial = partial_bytes(B, Lq, Hq, Dv, p["n_splits"], o_part.element_size())
+    model_s = modelled_seconds(cache + io + partial, programs, limits[limit], in_flight * p["tile_bytes"])
+    floor_s = (cache + io) / HBM_BYTES_PER_S
     return dict(
         shape=name, B=B, Lq=Lq, S=S, BLOCK_M=p["BLOCK_M"], BLOCK_N=p["BLOCK_N"], warps=warps, regs=regs,
         stack=stack, spills=len(re.findall(r"\b(STL|LDL)\b", sass)), smem=smem, dynamic_smem=dynamic_smem,
@@ -655,40 +721,47 @@ def _sm90_figures(name, B, Lq, S, num_stages):
         loop_ldg=sum(bool(re.search(r"\bLDG\b", ins)) for ins in loop),
         narrow_loads=len(re.findall(r"\bLDG\b[\w.]*\.[US](8|16)\b", sass)),
         in_flight=in_flight, stages=1 + in_flight, ctas_per_sm=limits[limit], ctas_limit=limit,
-        planned_ctas_per_sm=p["ctas_per_sm"], programs=programs,
-        balance=programs / DEFAULT_NUM_SMS / -(-programs // DEFAULT_NUM_SMS), passes=p["n_head_blocks"])
+        planned_ctas_per_sm=p["ctas_per_sm"], planned_in_flight=p["num_stages"] - 2, programs=programs,
+        balance=programs / DEFAULT_NUM_SMS / -(-programs // DEFAULT_NUM_SMS), passes=p["n_head_blocks"],
+        in_flight_B=in_flight * p["tile_bytes"], cache_B=cache, io_B=io, partial_B=partial, model_s=model_s,
+        floor_s=floor_s, model_pct=100 * floor_s / model_s)
 
 
-SASS_COLUMNS = ["shape", "B", "Lq", "tile", "regs", "spills", "smem_KiB", "MMA", "K/V in loop", "stages",
-                "CTAs/SM", "programs", "balance", "passes"]
+SASS_COLUMNS = ["shape", "B", "Lq", "S", "tile", "regs", "spills", "smem_KiB", "MMA", "K/V in loop", "stages",
+                "CTAs/SM", "programs", "balance", "passes", "in_flight_B", "cache_B", "partial_B", "model_us",
+                "model_pct"]
 
 
-SASS_CONFIGS = [(name, B, Lq, SASS_SEQLEN, NUM_STAGES) for name in BENCH_SHAPES for B in BENCH_BATCHES
-                for Lq in BENCH_LQ]
+SASS_CONFIGS = [(name, B, Lq, S, None) for name in BENCH_SHAPES for B in BENCH_BATCHES for Lq in BENCH_LQ
+                for S in BENCH_SEQLENS]
 
 
 def sass_table():
-    """The figures of sm90_figures for every bench shape x B x Lq at SASS_SEQLEN tokens, as rows."""
+    """The figures of sm90_figures for every bench shape x B x Lq x S, as rows under SASS_COLUMNS."""
     rows = []
     for f in sm90_figures_many(SASS_CONFIGS):
-        rows.append([f["shape"], f["B"], f["Lq"], f"{f['BLOCK_M']}x{f['BLOCK_N']}, {f['warps']} warps", f["regs"],
-                     f"{f['stack']} B, {f['spills']} STL/LDL", f"{f['smem'] / 1024:.1f}",
+        rows.append([f["shape"], f["B"], f["Lq"], f["S"], f"{f['BLOCK_M']}x{f['BLOCK_N']}, {f['warps']} warps",
+                     f["regs"], f"{f['stack']} B, {f['spills']} STL/LDL", f"{f['smem'] / 1024:.1f}",
                      f"{f['mma']} {f['mma_kind']}",
                      f"{f['loop_cp_async']} cp.async ({f['loop_cp_async_128']} x 128-bit), {f['loop_ldg']} LDG",
                      f"{f['stages']} ({f['in_flight']} in flight)", f"{f['ctas_per_sm']} ({f['ctas_limit']})",
-                     f["programs"], f"{f['balance']:.2f}", f["passes"]])
+                     f["programs"], f"{f['balance']:.2f}", f["passes"], f["in_flight_B"], f["cache_B"],
+                     f["partial_B"], f"{f['model_s'] * 1e6:.2f}", f"{f['model_pct']:.1f}"])
     return rows
 
 
 # ----------------------------------------------------------------------------
 # On a GPU: the bf16 check and the benchmark.
 
-CHECK_SEQLEN = 4096
-CHECK_LQ = (1, 2, MAX_LQ)
+# The GPU check runs every plan the bench runs (each bench shape, B, S and Lq), and Lq =
+# MAX_LQ at 4096 tokens.
+CHECK_CONFIGS = ([(name, B, Lq, S) for name in BENCH_SHAPES for B in BENCH_BATCHES for S in BENCH_SEQLENS
+                  for Lq in BENCH_LQ] + [(name, B, MAX_LQ, 4096) for name in BENCH_SHAPES for B in BENCH_BATCHES])
 # bf16 check: per sequence, max |kernel - reference| / max |reference|. Emulating the
-# kernel's roundings (bf16 probabilities into the P.V product, bf16 output) on the bench
-# shapes at 17 to 4096 tokens gave 0.24-0.39%; dropping one 16-token tile of a 4096-token
-# sequence gave 3.2-8.7%. CHECK_TOL sits between.
+# kernel's roundings (bf16 probabilities into the P.V product, bf16 partial outputs with
+# float32 log-sum-exps, bf16 output) on the bench shapes at 4096 tokens, 8 and 64 splits,
+# gave 0.24-0.42% (0.23-0.35% with float32 partials); dropping one 16-token tile of a
+# 4096-token sequence gave 3.2-8.7%. CHECK_TOL sits between.
 CHECK_TOL = 1.5e-2
 CHECK_TIME_BUDGET_S = 270  # --check stops benchmarking here to stay under 5 minutes
 
@@ -743,7 +816,7 @@ def bench(output=None, deadline=None):
                     t_ref = triton.testing.do_bench(lambda: decode_attention_ref(q, k, v, seqlens, qv),
                                                     return_mode="median") * 1e-3
                     nbytes = cache_bytes + (q.numel() + out.numel() + (qv.numel() if use_qv else 0)) * dt.itemsize
-                    passes = _plan(B, Lq, Hq, Hkv, Dk, Dv, dt.itemsize, S, None, num_sms)["n_head_blocks"]
+                    passes = _plan(B, Lq, Hq, Hkv, Hk, Dk, Dv, use_qv, dt.itemsize, S, None, num_sms)["n_head_blocks"]
                     rows.append([name, B, S, Lq, passes, f"{t * 1e6:.1f}", f"{nbytes / 1e6:.1f}", f"{nbytes / t / 1e9:.0f}",
                                  f"{100 * nbytes / copy_bw / t:.0f}", f"{t_ref / t:.1f}", f"{err:.2e}"])
                     print("  ".join(str(x) for x in rows[-1]), flush=True)
@@ -756,7 +829,7 @@ def bench(output=None, deadline=None):
                                                                            if skipped else []))
 
 
-def _check_one(name, B, Lq, S=CHECK_SEQLEN, dtype=torch.bfloat16, device="cuda"):
+def _check_one(name, B, Lq, S, dtype=torch.bfloat16, device="cuda"):
     """Kernel against reference on one bench shape: ragged lengths up to S (the first S,
     the second short, so that every token weighs), NaN past them, three launch paths.
     Returns a list of failure lines."""
@@ -774,54 +847,51 @@ def _check_one(name, B, Lq, S=CHECK_SEQLEN, dtype=torch.bfloat16, device="cuda")
         out = decode_attention(q, k_cache, v_cache, seqlens, qv, **how).float()
         err = ((out - ref).flatten(1).abs().amax(1) / scale).nan_to_num(float("inf")).max().item()
         if not err <= CHECK_TOL:
-            failures.append(f"MISMATCH {name} B={B} Lq={Lq} {how or 'defaults'}: relative error {err:.3g} "
+            failures.append(f"MISMATCH {name} B={B} Lq={Lq} S={S} {how or 'defaults'}: relative error {err:.3g} "
                             f"> {CHECK_TOL} (NaN counts as inf)")
     return failures
 
 
-def _check_aot_matches_runtime(name, B, Lq):
+def _check_aot_matches_runtime(name, B, Lq, S):
     """The runtime's own build of a bench shape, loaded on this GPU, against the figures
     of sm90_figures' ahead-of-time build: the premise of the CPU test. Returns failure lines."""
     import ctypes
-    q, k_cache, v_cache, seqlens, qv = _bench_inputs(name, B, SASS_SEQLEN, Lq, torch.bfloat16, "cuda")
+    q, k_cache, v_cache, seqlens, qv = _bench_inputs(name, B, S, Lq, torch.bfloat16, "cuda")
     scale = _default_scale(q.shape[3], v_cache.shape[3], qv)
-    _, grid, args, kwargs, _, _ = _split_launch(q, k_cache, v_cache, seqlens, qv, scale, SASS_SEQLEN, None,
-                                                DEFAULT_NUM_SMS)
+    _, grid, args, kwargs, _, _ = _split_launch(q, k_cache, v_cache, seqlens, qv, scale, S, None, DEFAULT_NUM_SMS)
     kernel = _decode_split_kernel.warmup(*args, grid=grid, **kwargs)
     kernel._init_handles()  # loads it: the driver's registers and spills
     ctas = ctypes.c_int()
     ctypes.CDLL("libcuda.so.1").cuOccupancyMaxActiveBlocksPerMultiprocessor(
         ctypes.byref(ctas), ctypes.c_void_p(kernel.function), kernel.metadata.num_warps * 32,
         ctypes.c_size_t(kernel.metadata.shared))
-    f = sm90_figures(name, B, Lq)
+    f = sm90_figures(name, B, Lq, S)
     got = dict(regs=kernel.n_regs, spills=kernel.n_spills, dynamic_smem=kernel.metadata.shared,
                ctas_per_sm=ctas.value)
     want = dict(regs=f["regs"], spills=0, dynamic_smem=f["dynamic_smem"], ctas_per_sm=f["ctas_per_sm"])
-    print(f"  {name} B={B} Lq={Lq}: runtime build on this GPU {got}", flush=True)
+    print(f"  {name} B={B} Lq={Lq} S={S}: runtime build on this GPU {got}", flush=True)
     return [] if got == want else [f"AOT sm_90 figures differ from this GPU's runtime build for {name} B={B} "
-                                   f"Lq={Lq}: expected {want}, got {got}"]
+                                   f"Lq={Lq} S={S}: expected {want}, got {got}"]
 
 
 def check(output):
-    """The one GPU check (a few minutes on an H200): bf16 kernel against the reference on
-    every bench shape x B x Lq in CHECK_LQ; if that fails, print every failure and exit 1.
-    Then this GPU's runtime build against the ahead-of-time sm_90 figures, bench(output),
-    and exit 1 if the builds differed."""
+    """The one GPU check (a few minutes on an H200): bf16 kernel against the reference in
+    every CHECK_CONFIGS plan, then the suite's CUDA tests; if either fails, print every
+    failure and exit 1. Then this GPU's runtime build of every sm_90 table row against
+    the ahead-of-time figures, bench(output), and exit 1 if the builds differed."""
     start = time.time()
     failures = []
-    for name in BENCH_SHAPES:
-        for B in BENCH_BATCHES:
-            for Lq in CHECK_LQ:
-                try:
-                    failures += _check_one(name, B, Lq)
-                except Exception as e:  # report every shape, then fail
-                    failures.append(f"ERROR {name} B={B} Lq={Lq}: {type(e).__name__}: {e}")
-        print(f"checked {name} ({time.time() - start:.0f} s)", flush=True)
+    for name, B, Lq, S in CHECK_CONFIGS:
+        try:
+            failures += _check_one(name, B, Lq, S)
+        except Exception as e:  # report every shape, then fail
+            failures.append(f"ERROR {name} B={B} Lq={Lq} S={S}: {type(e).__name__}: {e}")
+        torch.cuda.empty_cache()
     if failures:
         print(f"\nKERNEL CHECK FAILED ({len(failures)}):\n" + "\n".join(failures), file=sys.stderr)
         sys.exit(1)
-    print(f"kernel check passed: {len(BENCH_SHAPES) * len(BENCH_BATCHES) * len(CHECK_LQ)} shapes within "
-          f"{CHECK_TOL} of the reference ({time.time() - start:.0f} s)", flush=True)
+    print(f"kernel check passed: {len(CHECK_CONFIGS)} configurations within {CHECK_TOL} of the reference "
+          f"({time.time() - start:.0f} s)", flush=True)
     # The suite's CUDA tests: the compiled kernel in fp32/fp16/bf16, and the model's decode
     # path (KVCache.attend into this kernel) against its forward.
     tests = os.path.join(os.path.dirname(os.path.abspath(__file__)), "test_gla.py")
@@ -832,12 +902,13 @@ def check(output):
     if sass_tools_dir() is None:
         print("AOT vs runtime build: skipped (Triton's bundled CUDA tools are missing)")
     else:
-        for name in BENCH_SHAPES:
-            for Lq in BENCH_LQ:
-                try:
-                    differences += _check_aot_matches_runtime(name, 32, Lq)
-                except Exception as e:
-                    differences.append(f"ERROR comparing the builds of {name} Lq={Lq}: {type(e).__name__}: {e}")
+        for name, B, Lq, S, _ in SASS_CONFIGS:
+            try:
+                differences += _check_aot_matches_runtime(name, B, Lq, S)
+            except Exception as e:
+                differences.append(f"ERROR comparing the builds of {name} B={B} Lq={Lq} S={S}: "
+                                   f"{type(e).__name__}: {e}")
+            torch.cuda.empty_cache()
     print("\n".join(differences) or "AOT sm_90 figures = this GPU's runtime build", flush=True)
     bench(output, deadline=start + CHECK_TIME_BUDGET_S)
     if differences:

@@ -691,6 +691,7 @@ SHAPES = {
     "gla2_k_per_group": (8, 2, 2, 16, 32, True),
     "mqa_shared_k": (4, 2, 1, 16, 16, False),
     "odd_dims": (6, 2, 1, 20, 24, True),  # Dk, Dv not powers of two: masked
+    "gla2_tp2": (32, 1, 1, 16, 32, True),  # 32 heads on one latent head: the plan adds head blocks
 }
 
 
@@ -716,10 +717,11 @@ def _inputs(B, S, Lq, Hq, Hkv, Hk, Dk, Dv, use_qv, dtype, seqlens):
     return q, k_cache, v_cache, cache_seqlens, qv
 
 
-def _plan(B, Lq, Hq, Hkv, Dk, Dv, dtype, max_len, num_splits=None):
-    """The kernel's block sizes and split count for these shapes."""
+def _plan(name, B, Lq, dtype, max_len, num_splits=None):
+    """The kernel's launch plan for a SHAPES entry."""
+    Hq, Hkv, Hk, Dk, Dv, use_qv = SHAPES[name]
     elem = torch.empty(0, dtype=dtype).element_size()
-    return kernels._plan(B, Lq, Hq, Hkv, Dk, Dv, elem, max_len, num_splits, kernels.DEFAULT_NUM_SMS)
+    return kernels._plan(B, Lq, Hq, Hkv, Hk, Dk, Dv, use_qv, elem, max_len, num_splits, kernels.DEFAULT_NUM_SMS)
 
 
 @interpreter_only
@@ -741,7 +743,7 @@ def _check_kernel(name, Lq, dtype, splits, seqlens=None, q_scale=1.0):
     one shorter than a K/V tile, one not a multiple of it, one spanning 3+ tiles. q_scale
     multiplies q and qv (large logits)."""
     Hq, Hkv, Hk, Dk, Dv, use_qv = SHAPES[name]
-    block_n = _plan(3, Lq, Hq, Hkv, Dk, Dv, dtype, 1)["BLOCK_N"]
+    block_n = _plan(name, 3, Lq, dtype, 1)["BLOCK_N"]
     seqlens = seqlens or (lambda n: [Lq + 1, n + 5, 3 * n + 7])(block_n)
     S = max(seqlens)
     q, k_cache, v_cache, cache_seqlens, qv = _inputs(3, S, Lq, Hq, Hkv, Hk, Dk, Dv, use_qv, dtype, seqlens)
@@ -755,7 +757,7 @@ def _check_kernel(name, Lq, dtype, splits, seqlens=None, q_scale=1.0):
         assert not out.isnan().any(), f"unwritten output elements (num_splits={num_splits})"
         torch.testing.assert_close(out, ref, **_tol(dtype, Dk + Dv if use_qv else Dk))
     # The 4-split run above exercised the combine step of partial outputs.
-    assert 4 not in splits or _plan(3, Lq, Hq, Hkv, Dk, Dv, dtype, S, 4)["n_splits"] == 4
+    assert 4 not in splits or _plan(name, 3, Lq, dtype, S, 4)["n_splits"] == 4
     return block_n
 
 
@@ -771,9 +773,22 @@ def test_kernel_with_large_logits(name, dtype):
 @interpreter_only
 @pytest.mark.parametrize("name", ["gqa", "gla2"])
 def test_kernel_at_lengths_that_are_exact_multiples_of_the_tile(name):
-    Hq, Hkv, Hk, Dk, Dv, use_qv = SHAPES[name]
-    n = _plan(3, 2, Hq, Hkv, Dk, Dv, torch.float32, 1)["BLOCK_N"]
+    n = _plan(name, 3, 2, torch.float32, 1)["BLOCK_N"]
     assert _check_kernel(name, 2, torch.float32, splits=(None, 1, 2, 3), seqlens=[n, 2 * n, 4 * n]) == n
+
+
+@interpreter_only
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("Lq", [1, 2])
+def test_kernel_with_more_head_blocks_than_the_registers_need(Lq, dtype):
+    """Batch-1-like plans split a group into more head blocks than its accumulators need
+    (fewer splits, fewer partials); float16 also stores its partial outputs in float16."""
+    Hq, Hkv, Hk, Dk, Dv, use_qv = SHAPES["gla2_tp2"]
+    n = _plan("gla2_tp2", 3, Lq, dtype, 1)["BLOCK_N"]
+    p = _plan("gla2_tp2", 3, Lq, dtype, 3 * n + 7)  # the longest of _check_kernel's sequences
+    fewest = math.ceil(Hq / (kernels.MAX_ACC_ELEMS // p["BLOCK_DV"] // p["LQ_BLOCK"]))
+    assert p["n_head_blocks"] > fewest == 1 and p["n_splits"] > 1
+    _check_kernel("gla2_tp2", Lq, dtype, splits=(None, 3))
 
 
 @interpreter_only
@@ -807,7 +822,7 @@ def test_kernel_head_blocks_and_scale():
     # into head blocks.
     Hq, Hkv, Hk, Dk, Dv, Lq, S = 24, 1, 1, 16, 512, 2, 40
     q, k_cache, v_cache, cache_seqlens, qv = _inputs(2, S, Lq, Hq, Hkv, Hk, Dk, Dv, True, torch.float32, [S, 9])
-    assert _plan(2, Lq, Hq, Hkv, Dk, Dv, torch.float32, S)["n_head_blocks"] > 1
+    assert kernels._plan(2, Lq, Hq, Hkv, Hk, Dk, Dv, True, 4, S, None, kernels.DEFAULT_NUM_SMS)["n_head_blocks"] > 1
     for scale in (None, 0.3):
         out = kernels.decode_attention(q, k_cache, v_cache, cache_seqlens, qv, softmax_scale=scale)
         ref = kernels.decode_attention_ref(q, k_cache, v_cache, cache_seqlens, qv, softmax_scale=scale)
@@ -862,44 +877,63 @@ def test_split_count_fills_whole_waves():
 # read with the cuobjdump and nvdisasm in Triton's wheel (kernels.sm90_figures).
 needs_sass_tools = pytest.mark.skipif(kernels.sass_tools_dir() is None,
                                       reason="Triton's bundled CUDA tools (triton/backends/nvidia/bin) are missing")
-# Issue 8's thresholds: CTAs per SM from registers and shared memory, and launch balance.
+# CTAs per SM from registers and shared memory, and launch balance.
 MIN_CTAS_PER_SM = {"GQA TP-8": 3, "MLA": 2, "GLA-2 TP-2": 2, "GLA-2 1 GPU": 2}
 BALANCE_MIN_PROGRAMS, MIN_BALANCE = 66, 0.9
-
-
-SINGLE_BUFFERED = ("MLA", 32, 1, kernels.SASS_SEQLEN, 2)  # num_stages=2: the kernel before issue 8
+SINGLE_BUFFERED = ("MLA", 32, 1, 32768, 2)  # num_stages=2: no tile in flight
 
 
 @pytest.fixture(scope="module")
 def sm90_builds():
     """Compile every configuration the sm_90 tests read at once (one child process under
-    the interpreter; Triton caches the builds on disk too)."""
-    kernels.sm90_figures_many(kernels.SASS_CONFIGS + [SINGLE_BUFFERED])
+    the interpreter; Triton caches the builds on disk too); {config: figures}."""
+    configs = kernels.SASS_CONFIGS + [SINGLE_BUFFERED]
+    return dict(zip(map(tuple, configs), kernels.sm90_figures_many(configs)))
 
 
 @needs_sass_tools
-@pytest.mark.parametrize("Lq", kernels.BENCH_LQ)
-@pytest.mark.parametrize("B", kernels.BENCH_BATCHES)
-@pytest.mark.parametrize("name", list(kernels.BENCH_SHAPES))
-def test_sm90_build(name, B, Lq, sm90_builds):
-    """At 32K cached tokens, bf16: no spills, shared memory within a CTA's limit, tensor-core
-    MMAs, K/V into the main loop only by 128-bit cp.async, the next tiles in flight during
-    compute, enough CTAs per SM, and a balanced launch."""
-    f = kernels.sm90_figures(name, B, Lq)
+@pytest.mark.parametrize("config", kernels.SASS_CONFIGS, ids=lambda c: f"{c[0]}-B{c[1]}-Lq{c[2]}-S{c[3]}")
+def test_sm90_build(config, sm90_builds):
+    """bf16, every bench shape: no spills, shared memory within a CTA's limit, tensor-core
+    MMAs, K/V into the main loop only by 128-bit cp.async, the planned tiles in flight
+    during compute, at least the planned CTAs per SM, and a balanced launch."""
+    name = config[0]
+    f = sm90_builds[config]
     assert f["stack"] == 0 and f["spills"] == 0, f
     assert f["smem"] <= kernels.SM90_SMEM_PER_CTA, f
     assert f["mma"] > 0, f
     assert f["loop_cp_async"] > 0 and f["loop_cp_async_128"] == f["loop_cp_async"], f
     assert f["loop_ldg"] == 0 and f["narrow_loads"] == 0, f
-    assert f["stages"] >= 2 and f["in_flight"] >= 1, f
+    assert f["in_flight"] == f["planned_in_flight"] >= 1 and f["stages"] == 1 + f["in_flight"], f
     assert f["ctas_per_sm"] >= max(MIN_CTAS_PER_SM[name], f["planned_ctas_per_sm"]), f
     assert f["programs"] < BALANCE_MIN_PROGRAMS or f["balance"] >= MIN_BALANCE, f
 
 
 @needs_sass_tools
+def test_sm90_model_reaches_the_floor_at_batch_1_and_32(sm90_builds):
+    """The memory model fed by the sm_90 build (its CTAs per SM and tiles in flight): every
+    bench shape at B 1 and 32, Lq 1 and 2, reaches >= 80% of the floor at 32K and 128K
+    cached tokens and >= 60% at 8K; and at batch 1 GLA-2 under TP-2 takes <= 0.7 of MLA's
+    time (their floors differ by 320 / 576 = 0.56), as the GLA paper's decode claim needs."""
+    for config in kernels.SASS_CONFIGS:
+        (name, B, Lq, S, _), f = config, sm90_builds[config]
+        Hq, Hkv, Hk, Dk, Dv, use_qv = kernels.BENCH_SHAPES[name]
+        cache, io = kernels.decode_bytes(B, Lq, Hq, Hk, Hkv, Dk, Dv, use_qv, S, 2)
+        assert (f["cache_B"], f["io_B"]) == (cache, io)
+        assert f["in_flight_B"] == f["in_flight"] * f["BLOCK_N"] * (Dk + Dv) * 2  # tiles x tile bytes (bf16)
+        want = kernels.modelled_seconds(cache + io + f["partial_B"], f["programs"], f["ctas_per_sm"], f["in_flight_B"])
+        assert f["model_s"] == pytest.approx(want, rel=1e-12)
+        assert f["model_pct"] >= (80 if S >= 32768 else 60), f
+    for Lq in kernels.BENCH_LQ:
+        for S in kernels.BENCH_SEQLENS:
+            gla2, mla = (sm90_builds[(name, 1, Lq, S, None)]["model_s"] for name in ("GLA-2 TP-2", "MLA"))
+            assert gla2 <= 0.7 * mla, (Lq, S, gla2, mla)
+
+
+@needs_sass_tools
 def test_sm90_figures_catch_a_single_buffered_loop(sm90_builds):
     # Control: at num_stages=2 the loop waits for every copy before it computes.
-    f = kernels.sm90_figures(*SINGLE_BUFFERED)
+    f = sm90_builds[SINGLE_BUFFERED]
     assert f["loop_cp_async"] > 0 and f["in_flight"] == 0 and f["stages"] == 1
 
 
@@ -908,17 +942,19 @@ def test_sass_table_from_the_command_line(tmp_path, monkeypatch, capsys, sm90_bu
     """Every row of `--sass` (and its CSV) holds exactly the figures of its configuration."""
     csv_path = tmp_path / "sass.csv"
     monkeypatch.setattr(sys, "argv", ["kernels.py", "--sass", "--output", str(csv_path)])
-    kernels.main()  # in process: reuses the builds of test_sm90_build
+    kernels.main()  # in process: reuses the builds of the fixture
     lines = capsys.readouterr().out.strip().splitlines()
     assert re.split(r"\s{2,}", lines[0].strip()) == kernels.SASS_COLUMNS
     rows = list(csv_rows(csv_path))
-    assert len(rows) == len(lines) - 2 == len(kernels.SASS_CONFIGS)  # header, rows, "wrote ..."
+    assert len(rows) == len(lines) - 2 == len(kernels.SASS_CONFIGS) == 48  # header, rows, "wrote ..."
     for row, config in zip(rows, kernels.SASS_CONFIGS):
-        f = kernels.sm90_figures(*config)
-        assert (row["shape"], int(row["B"]), int(row["Lq"])) == config[:3]
-        assert (int(row["regs"]), int(row["programs"]), int(row["passes"])) == (f["regs"], f["programs"], f["passes"])
+        f = sm90_builds[config]
+        assert (row["shape"], int(row["B"]), int(row["Lq"]), int(row["S"])) == config[:4]
+        for column in ("regs", "programs", "passes", "in_flight_B", "cache_B", "partial_B"):
+            assert int(row[column]) == f[column], column
         assert row["CTAs/SM"] == f"{f['ctas_per_sm']} ({f['ctas_limit']})"
         assert row["stages"] == f"{f['stages']} ({f['in_flight']} in flight)"
+        assert row["model_pct"] == f"{f['model_pct']:.1f}" and row["model_us"] == f"{f['model_s'] * 1e6:.2f}"
 
 
 @pytest.mark.parametrize("Hk, use_qv", [(1, True), (2, False)])
@@ -992,7 +1028,7 @@ def test_gpu_check_passes_the_kernel_and_fails_a_wrong_one(monkeypatch):
         return right(q, k_cache[:, 16:], v_cache[:, 16:], cache_seqlens - 16, qv)
     monkeypatch.setattr(kernels, "decode_attention", one_tile_short)
     failures = kernels._check_one("GQA TP-8", 2, 2, S=40, dtype=torch.float16, device="cpu")
-    assert len(failures) == 3 and all(f.startswith("MISMATCH GQA TP-8 B=2 Lq=2") for f in failures)
+    assert len(failures) == 3 and all(f.startswith("MISMATCH GQA TP-8 B=2 Lq=2 S=40") for f in failures)
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="checks the behaviour without a GPU")

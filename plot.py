@@ -28,9 +28,11 @@ Bad input gives a one-line error on stderr and exit status 2, and no output.
 """
 import argparse
 import csv
+import io
 import json
 import math
 import os
+import pathlib
 import sys
 import tempfile
 
@@ -192,24 +194,28 @@ def band_note(curves):
     return f"band: mean ± 1 s.e. over {n} seeds" + (" (2 seeds: min–max)" if 2 in counts else "")
 
 
-def plot(curves, colours, path):
-    """Draw {label: Curve} on a symmetric log y axis and save a PNG to `path`.
-
-    dL can be negative at small scale, and a band can straddle zero, so a plain
-    log axis (the reference figure's) cannot hold the data. We use symlog: log
-    above +linthresh (where the paper's 0.002-0.01 curves live) and below
-    -linthresh, linear in between, with linthresh a power of ten at or below the
-    smallest |mean dL| (but at most 2 decades under the largest |dL|, so
-    noise around zero does not stretch the axis): small values are not
-    flattened into the linear band.
-    Every point keeps a marker; the dashed line at 0 separates "doubling helped"
-    (above) from "doubling hurt" (below).
-    """
-    values = np.concatenate([np.concatenate([c.mean, c.low, c.high]) for c in curves.values()])
-    top = max(np.abs(values).max(), 1e-12)
+def linear_band(curves):
+    """symlog's linthresh: linear within it, log beyond. With seed bands, their median width rounded up to a power of
+    ten: dL inside the seed noise is drawn linearly, so noise near zero cannot swing across decades of the axis.
+    With one seed (no band), a power of ten at or below the smallest |mean dL|, at most 2 decades under the largest."""
+    widths = np.concatenate([c.high - c.low for c in curves.values() if len(c.seeds) > 1] or [np.zeros(0)])
+    if widths.size and np.median(widths) > 0:
+        return 10 ** math.ceil(math.log10(np.median(widths)))
+    top = max(max(np.abs(c.mean).max() for c in curves.values()), 1e-12)
     means = np.abs(np.concatenate([c.mean for c in curves.values()]))
     smallest = means[means > 0].min() if (means > 0).any() else top
-    linthresh = 10 ** math.floor(math.log10(max(smallest, top * 1e-2)))
+    return 10 ** math.floor(math.log10(max(smallest, top * 1e-2)))
+
+
+def plot(curves, colours, path):
+    """Draw {label: Curve} on a symmetric log y axis and save a PNG to `path` (a file name or a binary file).
+
+    dL can be negative at small scale, and a band can straddle zero, so a plain log axis (the reference figure's)
+    cannot hold the data: we use symlog, linear within +-linear_band(curves). Every point keeps a marker; the dashed
+    line at 0 separates "doubling helped" (above) from "doubling hurt" (below).
+    """
+    values = np.concatenate([np.concatenate([c.mean, c.low, c.high]) for c in curves.values()])
+    linthresh = linear_band(curves)
     scale, unit = token_unit(max(int(c.tokens.max()) for c in curves.values()))
     fig, ax = plt.subplots(figsize=(6.6, 4.6))
     ax.set_yscale("symlog", linthresh=linthresh, linscale=0.5)
@@ -241,37 +247,44 @@ def plot(curves, colours, path):
     plt.close(fig)
 
 
-def write_outputs(curves, colours, png_path, csv_path):
-    """Write PNG and CSV under temporary names in their folder, then rename both,
-    so an interrupted or failing run never leaves a half-written file behind."""
-    folder = os.path.dirname(os.path.abspath(png_path))
-    os.makedirs(folder, exist_ok=True)
-    tmp = []
+def atomic_write(writers):
+    """Write each file of {path: write(binary file)} under a temporary name in its folder, fsync it, then rename them
+    all into place: a kill or an error at any moment leaves the old files or the new ones, never half of one, and
+    never one new file beside an old one. train.py writes its runs with it too."""
+    tmp = {}
     try:
-        for suffix in (".png", ".csv"):
-            fd, name = tempfile.mkstemp(suffix=suffix, prefix=".plot-", dir=folder)
-            os.close(fd)
+        for path, write in writers.items():
+            path = pathlib.Path(path)
+            fd, tmp[path] = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+            with os.fdopen(fd, "wb") as f:
+                write(f)
+                f.flush()
+                os.fsync(f.fileno())  # on disk before it replaces the old file, even if the machine dies
             umask = os.umask(0)
             os.umask(umask)
-            os.chmod(name, 0o666 & ~umask)  # mkstemp makes 0600; give the usual permissions
-            tmp.append(name)
-        plot(curves, colours, tmp[0])
-        all_seeds = sorted({s for c in curves.values() for s in c.seeds}, key=lambda s: -1 if s is None else s)
-        with open(tmp[1], "w", newline="", encoding="utf-8") as f:
-            w = csv.writer(f)
-            w.writerow(CSV_COLUMNS + ["dL" if s is None else f"dL_seed{s}" for s in all_seeds])
-            for label, c in curves.items():
-                for i, t in enumerate(c.tokens):
-                    per_seed = dict(zip(c.seeds, c.delta[:, i]))
-                    values = [c.base[i], c.double[i], c.mean[i], c.low[i], c.high[i]]
-                    w.writerow([label, int(t), len(c.seeds)] + [repr(float(v)) for v in values]
-                               + [repr(float(per_seed[s])) if s in per_seed else "" for s in all_seeds])
-        os.replace(tmp[0], png_path)
-        os.replace(tmp[1], csv_path)
+            os.chmod(tmp[path], 0o666 & ~umask)  # mkstemp makes 0600; give the usual permissions
+        for path, name in tmp.items():
+            os.replace(name, path)
     finally:
-        for name in tmp:
+        for name in tmp.values():
             if os.path.exists(name):
                 os.remove(name)
+
+
+def write_outputs(curves, colours, png_path, csv_path):
+    """Write the PNG and the CSV of the curves, both or neither (atomic_write)."""
+    all_seeds = sorted({s for c in curves.values() for s in c.seeds}, key=lambda s: -1 if s is None else s)
+    rows = [CSV_COLUMNS + ["dL" if s is None else f"dL_seed{s}" for s in all_seeds]]
+    for label, c in curves.items():
+        for i, t in enumerate(c.tokens):
+            per_seed = dict(zip(c.seeds, c.delta[:, i]))
+            values = [c.base[i], c.double[i], c.mean[i], c.low[i], c.high[i]]
+            rows.append([label, int(t), len(c.seeds)] + [repr(float(v)) for v in values]
+                        + [repr(float(per_seed[s])) if s in per_seed else "" for s in all_seeds])
+    text = io.StringIO()
+    csv.writer(text).writerows(rows)
+    os.makedirs(os.path.dirname(os.path.abspath(png_path)), exist_ok=True)
+    atomic_write({png_path: lambda f: plot(curves, colours, f), csv_path: lambda f: f.write(text.getvalue().encode())})
 
 
 def main(argv=None):

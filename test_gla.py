@@ -37,6 +37,7 @@ import gla
 import kernels
 import plot
 import train
+from bench import decode_cpu, sm90
 
 REPO = pathlib.Path(__file__).resolve().parent
 
@@ -128,7 +129,7 @@ def attention_both_ways(attn, config, x):
     T = x.shape[1]
     pos = torch.arange(T)
     forward = attn(x, *angles(config, pos))
-    attn.cache = gla.KVCache(1, T, *gla.kv_cache_shapes(config))
+    attn.cache = gla.KVCache(1, T, *config.kv_cache_shapes)
     pieces, start = [], 0
     for size in (4, 1, 3, T - 8):
         p = pos[start:start + size]
@@ -227,8 +228,8 @@ def test_double_heads_same_params_and_cache(preset, variant):
     assert double.n_head == 2 * base.n_head
     assert double.ffn_hidden < base.ffn_hidden  # heads are paid for with MLP width
     assert abs(n_double - n_base) / n_base < 0.005
-    assert gla.kv_cache_elems_per_token_per_layer(double) == gla.kv_cache_elems_per_token_per_layer(base)
-    assert gla.kv_cache_shapes(double) == gla.kv_cache_shapes(base)
+    assert double.kv_cache_elems_per_token_per_layer == base.kv_cache_elems_per_token_per_layer
+    assert double.kv_cache_shapes == base.kv_cache_shapes
 
 
 def test_width_rule_counts_every_attention_weight():
@@ -317,7 +318,7 @@ def test_model_decode_through_the_triton_kernel(variant, monkeypatch):
     and a prompt longer than kernels.MAX_LQ never reaches it."""
     lqs = []
 
-    def kernel(q, *args, finite_cache, **kwargs):  # the kernel masks its loads: it needs no such promise
+    def kernel(q, *args, **kwargs):
         lqs.append(q.shape[1])
         return kernels.decode_attention(q, *args, **kwargs)
 
@@ -370,7 +371,7 @@ def test_cache_holds_only_latent_and_shared_rope_key(variant):
         assert cache.k_cache.shape == (3, 1, 16, c.qk_rope_head_dim)  # ONE roped key for all heads
         assert cache.v_cache.shape == (3, c.n_latent_heads, 16, c.kv_lora_rank // c.n_latent_heads)
     per_token = (cache.k_cache[0, :, 0].numel() + cache.v_cache[0, :, 0].numel())
-    assert per_token == gla.kv_cache_elems_per_token_per_layer(c)
+    assert per_token == c.kv_cache_elems_per_token_per_layer
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -502,7 +503,7 @@ def test_decode_past_capacity_and_without_cache():
 
 
 # ----------------------------------------------------------------------------
-# gla.py --ckpt: the sampling command, on one process and tensor-parallel under torchrun
+# train.py --sample: the sampling command, on one process and tensor-parallel under torchrun
 
 
 def save_run(path, model):
@@ -527,15 +528,15 @@ def test_tensor_parallel_greedy_decode_matches_one_process(tmp_path, capsys):
         models.append(small_model(variant, block_size=32))
         paths.append(str(tmp_path / f"{variant}.pt"))
         save_run(paths[-1], models[-1])
-    args = ["gla.py", "--ckpt", *paths, "--prompt", prompt, "--temperature", "0", "--max_new_tokens", str(n_new)]
+    args = ["train.py", "--sample", *paths, "--prompt", prompt, "--temperature", "0", "--max_new_tokens", str(n_new)]
     two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                           *args, "--tp", "2"], cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"},
                          capture_output=True, text=True, timeout=300)
     assert two.returncode == 0, two.stderr[-2000:]
-    gla.main([*args[1:], "--tp", "1"])
+    assert train.cli([*args[1:], "--tp", "1"]) == 0
     one = capsys.readouterr().out
     idx = torch.tensor([list(prompt.encode())])
-    expected = [gla._bytes_to_text(m.generate(idx, n_new, temperature=0)[0].tolist()) for m in models]
+    expected = [train._bytes_to_text(m.generate(idx, n_new, temperature=0)[0].tolist()) for m in models]
     assert sampled_texts(one) == sampled_texts(two.stdout) == expected
 
     L = len(prompt) + n_new
@@ -548,7 +549,7 @@ def test_tensor_parallel_greedy_decode_matches_one_process(tmp_path, capsys):
                     "mla": c.kv_lora_rank + c.qk_rope_head_dim,  # the latent, duplicated
                     "gla": c.kv_lora_rank // 2 + c.qk_rope_head_dim}[c.attn]  # one latent head + the rope key
         for _, elems, full, nbytes, length in (r0, r1):
-            assert (int(elems), int(full), int(length)) == (per_rank, gla.kv_cache_elems_per_token_per_layer(c), L)
+            assert (int(elems), int(full), int(length)) == (per_rank, c.kv_cache_elems_per_token_per_layer, L)
             assert int(nbytes.replace(",", "")) == c.n_layer * L * per_rank * 4  # float32
     assert "heads 0-3 of 8" in two.stdout and "latent head 1 of 2" in two.stdout
 
@@ -612,7 +613,7 @@ def test_tensor_parallel_four_ranks_match_one_process(variant, monkeypatch):
         assert (forward - want_forward).abs().max() < 1e-4
         assert (decoded - want_decoded).abs().max() < 1e-4
     for rank, shard in enumerate(shards):
-        group = rank * gla.n_groups(c) // 4  # GQA, GLA-2: ranks 0-1 group 0, ranks 2-3 group 1; MLA: 0
+        group = rank * c.n_groups // 4  # GQA, GLA-2: ranks 0-1 group 0, ranks 2-3 group 1; MLA: 0
         attn, full = shard.blocks[0].attn, model.blocks[0].attn
         assert gla.tp_share(c, rank, 4).groups == range(group, group + 1)
         assert attn.cache.v_cache.shape[1] == 1  # one KV head or one latent head, not all of them
@@ -629,20 +630,23 @@ def test_sampling_command_bad_input_is_one_line(tmp_path, capsys, monkeypatch):
     (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
     cases = [
         ([str(path), "--tp", "2"], {}, "--tp 2 needs 2 process(es), found WORLD_SIZE=1: launch torchrun"),
-        ([str(path), "--tp", "3"], {"WORLD_SIZE": "3", "RANK": "0"}, "--tp 3 must divide n_head=8"),
+        ([str(path), "--tp", "0"], {}, "--tp 0 needs 0 process(es)"),
+        ([str(path), "--tp", "3"], {"WORLD_SIZE": "3", "RANK": "0"}, "tp=3 must divide n_head=8"),
         ([str(tmp_path / "none.pt")], {}, "no checkpoint at"),
         ([str(tmp_path / "junk.pt")], {}, "cannot read"),
         ([str(path), "--prompt", "x" * 32], {}, "the prompt is 32 tokens (bytes); it needs 1 to 31"),
         ([str(path), "--prompt", "x" * 20, "--max_new_tokens", "13"], {}, "exceed the cache of block_size=32"),
         ([str(path), "--temperature", "-1"], {}, "temperature must be >= 0"),
+        ([str(path), "--top_k", "-1"], {}, "top_k must be >= 0"),
+        ([str(path), "--max_new_tokens", "-1"], {}, "--max_new_tokens must be >= 0"),
+        ([str(path), "--prompt", ""], {}, "the prompt is 0 tokens (bytes); it needs 1 to 31"),
     ]
     for argv, env, match in cases:
         for key, value in env.items():
             monkeypatch.setenv(key, value)
-        with pytest.raises(SystemExit) as exit_info:
-            gla.main(["--ckpt", *argv])
+        assert train.cli(["--sample", *argv]) == 2
         err = capsys.readouterr().err
-        assert exit_info.value.code == 2 and match in err and err.count("\n") == 1, err
+        assert match in err and err.count("\n") == 1 and err.startswith("train.py: error:"), (argv, err)
         for key in env:
             monkeypatch.delenv(key)
 
@@ -650,32 +654,39 @@ def test_sampling_command_bad_input_is_one_line(tmp_path, capsys, monkeypatch):
 def test_text_codec_bytes_and_gpt2_ids(monkeypatch):
     monkeypatch.setitem(sys.modules, "tiktoken", None)  # as if not installed: ids in, ids out
     config = gla.make_config("tiny", "gqa", vocab_size=512)
-    codec = gla.text_codec(config, "token files in edu_fineweb10B")
+    codec = train.text_codec(config, "token files in edu_fineweb100B")
     assert codec.encode("464 2068") == [464, 2068] and codec.decode([464, 2068]) == "464 2068"
-    with pytest.raises(ValueError, match="give --prompt as ids"):
+    with pytest.raises(train.UsageError, match="give --prompt as ids"):
         codec.encode("The quick")
     for source in ("stdlib corpus (out/stdlib_corpus.txt)", None):  # no config.json: 256 tokens mean bytes
-        codec = gla.text_codec(gla.make_config("tiny", "gqa"), source)
+        codec = train.text_codec(gla.make_config("tiny", "gqa"), source)
         assert codec.encode("é!") == [0xC3, 0xA9, 0x21]
         assert codec.decode([0xC3, 0xA9, 0xFF, 300]) == "é\\xff<300>"  # nothing drawn is hidden
 
 
-def test_bench_prints_machine_and_tables_without_transformers(monkeypatch, capsys):
+def test_decode_bench_prints_machine_and_tables_without_transformers(monkeypatch, capsys):
     def no_transformers(config):
         raise ImportError("no transformers")
 
-    monkeypatch.setattr(gla, "hf_twin", no_transformers)
-    monkeypatch.setattr(gla, "BENCH_CALLS", 1)
-    gla.main(["--bench", "--variants", "gla2", "--batch_sizes", "2", "--prompt_len", "3", "--new_tokens", "2",
-              "--context_len", "6", "--repeats", "1"])
+    monkeypatch.setattr(decode_cpu, "hf_twin", no_transformers)
+    monkeypatch.setattr(decode_cpu, "CALLS", 1)
+    decode_cpu.main(["--variants", "gla2", "--batch_sizes", "2", "--prompt_len", "3", "--new_tokens", "2",
+                     "--context_len", "6", "--repeats", "1"])
     out = capsys.readouterr().out
     assert f"torch {torch.__version__}" in out and f"{torch.get_num_threads()} threads" in out
     assert re.search(r"^\| gla2 \| 2 \| \d+ \| - \| - \|$", out, re.M)  # ours only: no HF columns
     assert re.search(r"^\| gla2 \| \d+\.\d\d \| \d+\.\d\d \| \d+\.\d \|$", out, re.M)  # step vs full forward
     for bad, match in [(["--context_len", "1"], "--context_len must be >= 2"), (["--variants", "gla0"], "GLA-0")]:
         with pytest.raises(SystemExit):
-            gla.main(["--bench", *bad])
+            decode_cpu.main(bad)
         assert match in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("script", ["decode_cpu.py", "kernel_speed.py", "sm90.py", "train_speed.py"])
+def test_bench_scripts_answer_help_from_anywhere(script):
+    r = subprocess.run([sys.executable, str(REPO / "bench" / script), "--help"], cwd="/", capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0 and "usage:" in r.stdout, r.stderr
 
 
 # ----------------------------------------------------------------------------
@@ -841,9 +852,7 @@ def test_kernel_takes_lq_up_to_max_lq_then_refuses():
 
 def _launch_constexprs(name, B, Lq, S):
     """The compile-time part of the split kernel's launch for a bench shape (meta tensors)."""
-    q, k_cache, v_cache, seqlens, qv = kernels._bench_inputs(name, B, S, Lq, torch.bfloat16, "meta")
-    p, grid, args, kwargs, _, _ = kernels._split_launch(q, k_cache, v_cache, seqlens, qv, 0.1, S, None,
-                                                        kernels.DEFAULT_NUM_SMS)
+    p, grid, args, kwargs, _ = sm90.launch(name, B, Lq, S)
     return p, grid, tuple(sorted(kwargs.items()))
 
 
@@ -873,10 +882,9 @@ def test_split_count_fills_whole_waves():
                     assert programs < 66 or balance >= 0.9, (name, B, S, Lq, programs, balance)
 
 
-# The Hopper build of the split kernel, compiled ahead of time for sm_90 on the CPU and
-# read with the cuobjdump and nvdisasm in Triton's wheel (kernels.sm90_figures).
-needs_sass_tools = pytest.mark.skipif(kernels.sass_tools_dir() is None,
-                                      reason="Triton's bundled CUDA tools (triton/backends/nvidia/bin) are missing")
+# The Hopper build of the split kernel, compiled ahead of time for sm_90 on the CPU and read with the cuobjdump and
+# nvdisasm in Triton's wheel (bench/sm90.py). It follows Triton 3.9's internals: another version skips, saying so.
+needs_sass_tools = pytest.mark.skipif(sm90.unsupported() is not None, reason=str(sm90.unsupported()))
 # CTAs per SM from registers and shared memory, and launch balance.
 MIN_CTAS_PER_SM = {"GQA TP-8": 3, "MLA": 2, "GLA-2 TP-2": 2, "GLA-2 1 GPU": 2}
 BALANCE_MIN_PROGRAMS, MIN_BALANCE = 66, 0.9
@@ -887,12 +895,12 @@ SINGLE_BUFFERED = ("MLA", 32, 1, 32768, 2)  # num_stages=2: no tile in flight
 def sm90_builds():
     """Compile every configuration the sm_90 tests read at once (one child process under
     the interpreter; Triton caches the builds on disk too); {config: figures}."""
-    configs = kernels.SASS_CONFIGS + [SINGLE_BUFFERED]
-    return dict(zip(map(tuple, configs), kernels.sm90_figures_many(configs)))
+    configs = sm90.CONFIGS + [SINGLE_BUFFERED]
+    return dict(zip(map(tuple, configs), sm90.figures_many(configs)))
 
 
 @needs_sass_tools
-@pytest.mark.parametrize("config", kernels.SASS_CONFIGS, ids=lambda c: f"{c[0]}-B{c[1]}-Lq{c[2]}-S{c[3]}")
+@pytest.mark.parametrize("config", sm90.CONFIGS, ids=lambda c: f"{c[0]}-B{c[1]}-Lq{c[2]}-S{c[3]}")
 def test_sm90_build(config, sm90_builds):
     """bf16, every bench shape: no spills, shared memory within a CTA's limit, tensor-core
     MMAs, K/V into the main loop only by 128-bit cp.async, the planned tiles in flight
@@ -900,7 +908,7 @@ def test_sm90_build(config, sm90_builds):
     name = config[0]
     f = sm90_builds[config]
     assert f["stack"] == 0 and f["spills"] == 0, f
-    assert f["smem"] <= kernels.SM90_SMEM_PER_CTA, f
+    assert f["smem"] <= sm90.SM90_SMEM_PER_CTA, f
     assert f["mma"] > 0, f
     assert f["loop_cp_async"] > 0 and f["loop_cp_async_128"] == f["loop_cp_async"], f
     assert f["loop_ldg"] == 0 and f["narrow_loads"] == 0, f
@@ -915,11 +923,12 @@ def test_sm90_model_reaches_the_floor_at_batch_1_and_32(sm90_builds):
     bench shape at B 1 and 32, Lq 1 and 2, reaches >= 80% of the floor at 32K and 128K
     cached tokens and >= 60% at 8K; and at batch 1 GLA-2 under TP-2 takes <= 0.7 of MLA's
     time (their floors differ by 320 / 576 = 0.56), as the GLA paper's decode claim needs."""
-    for config in kernels.SASS_CONFIGS:
+    for config in sm90.CONFIGS:
         (name, B, Lq, S, _), f = config, sm90_builds[config]
         Hq, Hkv, Hk, Dk, Dv, use_qv = kernels.BENCH_SHAPES[name]
-        cache, io = kernels.decode_bytes(B, Lq, Hq, Hk, Hkv, Dk, Dv, use_qv, S, 2)
-        assert (f["cache_B"], f["io_B"]) == (cache, io)
+        cache, io, partial = kernels.call_bytes(B, Lq, Hq, Hk, Hkv, Dk, Dv, use_qv, S, 2, f["programs"] // (
+            B * Hkv * f["passes"]))
+        assert (f["cache_B"], f["io_B"], f["partial_B"]) == (cache, io, partial)
         assert f["in_flight_B"] == f["in_flight"] * f["BLOCK_N"] * (Dk + Dv) * 2  # tiles x tile bytes (bf16)
         want = kernels.modelled_seconds(cache + io + f["partial_B"], f["programs"], f["ctas_per_sm"], f["in_flight_B"])
         assert f["model_s"] == pytest.approx(want, rel=1e-12)
@@ -938,16 +947,15 @@ def test_sm90_figures_catch_a_single_buffered_loop(sm90_builds):
 
 
 @needs_sass_tools
-def test_sass_table_from_the_command_line(tmp_path, monkeypatch, capsys, sm90_builds):
-    """Every row of `--sass` (and its CSV) holds exactly the figures of its configuration."""
+def test_sm90_table_from_the_command_line(tmp_path, capsys, sm90_builds):
+    """Every row of `bench/sm90.py` (and its CSV) holds exactly the figures of its configuration."""
     csv_path = tmp_path / "sass.csv"
-    monkeypatch.setattr(sys, "argv", ["kernels.py", "--sass", "--output", str(csv_path)])
-    kernels.main()  # in process: reuses the builds of the fixture
+    sm90.main(["--output", str(csv_path)])  # in process: reuses the builds of the fixture
     lines = capsys.readouterr().out.strip().splitlines()
-    assert re.split(r"\s{2,}", lines[0].strip()) == kernels.SASS_COLUMNS
+    assert re.split(r"\s{2,}", lines[0].strip()) == sm90.COLUMNS
     rows = list(csv_rows(csv_path))
-    assert len(rows) == len(lines) - 2 == len(kernels.SASS_CONFIGS) == 48  # header, rows, "wrote ..."
-    for row, config in zip(rows, kernels.SASS_CONFIGS):
+    assert len(rows) == len(lines) - 2 == len(sm90.CONFIGS) == 48  # header, rows, "wrote ..."
+    for row, config in zip(rows, sm90.CONFIGS):
         f = sm90_builds[config]
         assert (row["shape"], int(row["B"]), int(row["Lq"]), int(row["S"])) == config[:4]
         for column in ("regs", "programs", "passes", "in_flight_B", "cache_B", "partial_B"):
@@ -1021,23 +1029,33 @@ def test_bad_inputs_raise(case, match):
 def test_gpu_check_passes_the_kernel_and_fails_a_wrong_one(monkeypatch):
     # `kernels.py --check` compares in bf16 on the GPU; here its comparison runs in float16
     # through the interpreter, on a short cache.
-    assert kernels._check_one("GQA TP-8", 2, 2, S=40, dtype=torch.float16, device="cpu") == []
+    assert kernels.check_one("GQA TP-8", 2, 2, S=40, dtype=torch.float16, device="cpu") == []
     right = kernels.decode_attention
 
     def one_tile_short(q, k_cache, v_cache, cache_seqlens, qv=None, **kw):  # drops the first 16 tokens
         return right(q, k_cache[:, 16:], v_cache[:, 16:], cache_seqlens - 16, qv)
     monkeypatch.setattr(kernels, "decode_attention", one_tile_short)
-    failures = kernels._check_one("GQA TP-8", 2, 2, S=40, dtype=torch.float16, device="cpu")
+    failures = kernels.check_one("GQA TP-8", 2, 2, S=40, dtype=torch.float16, device="cpu")
     assert len(failures) == 3 and all(f.startswith("MISMATCH GQA TP-8 B=2 Lq=2 S=40") for f in failures)
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="checks the behaviour without a GPU")
-@pytest.mark.parametrize("flag", ["--bench", "--check"])
-def test_gpu_commands_without_cuda_exit_2(flag):
-    r = subprocess.run([sys.executable, os.path.join(HERE, "kernels.py"), flag],
+@pytest.mark.parametrize("command", [["kernels.py", "--check"], ["bench/kernel_speed.py"]])
+def test_gpu_commands_without_cuda_exit_2(command):
+    r = subprocess.run([sys.executable, os.path.join(HERE, *command[0].split("/")), *command[1:]],
                        capture_output=True, text=True, cwd=HERE, timeout=120)
     lines = (r.stdout + r.stderr).strip().splitlines()
-    assert r.returncode == 2 and len(lines) == 1 and "CUDA" in lines[0]
+    assert r.returncode == 2 and len(lines) == 1 and "CUDA" in lines[0], lines
+
+
+@pytest.mark.skipif(not HAS_CUDA or sm90.unsupported() is not None, reason="needs a CUDA GPU and the sm_90 tools")
+def test_sm90_figures_match_this_cuda_gpus_own_build(sm90_builds):
+    """The premise of the CPU build tests: the runtime's build on a GPU has the registers, spills, shared memory
+    and CTAs per SM of the ahead-of-time one (run by kernels.py --check)."""
+    for config in sm90.CONFIGS:
+        f = sm90_builds[config]
+        want = dict(regs=f["regs"], spills=0, dynamic_smem=f["dynamic_smem"], ctas_per_sm=f["ctas_per_sm"])
+        assert sm90.runtime_build(*config[:4]) == want, config
 
 
 def test_cpu_without_interpreter_raises():
@@ -1271,6 +1289,30 @@ def test_seeds_missing_one_run_are_left_out_with_a_note(tmp_path, capsys):
     assert float(gqa["dL_mean"]) == pytest.approx(d + 0.002, abs=1e-12)
     assert float(gqa["dL_high"]) - float(gqa["dL_mean"]) == pytest.approx(0.002 / math.sqrt(3), abs=1e-12)  # 1 s.e.
     assert gqa["dL_seed3"] != "" and [r for r in rows if r["variant"] == "MLA"][0]["dL_seed3"] == ""
+
+
+def test_symlog_band_follows_the_seed_noise_not_the_smallest_value(tmp_path):
+    """Two seeds whose dL is +-0.01 about a mean near 1e-4 (the P1 regime): the linear band of the y axis covers
+    the seed noise (the median band width, 0.02, rounded up to 0.1), so noise cannot swing across decades; with one
+    seed there is no band, and it sits at the smallest |mean dL|."""
+    out = tmp_path / "out"
+    tokens, losses = _synthetic()
+    rng = np.random.default_rng(0)
+    for seed in (1, 2):
+        noise = (1 if seed == 1 else -1) * 0.01 + 1e-4 * rng.standard_normal(len(tokens))
+        for run in RUNS:
+            base = losses[run.replace("_double_heads", "")]
+            _write_run(out / run, f"seed{seed}", tokens, base - (noise if "double" in run else 0))
+    curves = {label: plot.paired_curve(label, plot.seed_runs(out, name), plot.seed_runs(out, name + "_double_heads"))
+              for name, label, *_ in plot.VARIANTS}
+    widths = np.concatenate([c.high - c.low for c in curves.values()])
+    assert np.median(widths) == pytest.approx(0.02, abs=1e-3) and np.abs(curves["GQA"].mean).max() < 1e-3
+    assert plot.linear_band(curves) == pytest.approx(0.1)
+    one_seed = {label: plot.Curve([None], c.tokens, c.base, c.double, c.delta[:1] * 0 + 0.003)
+                for label, c in curves.items()}
+    assert plot.linear_band(one_seed) == pytest.approx(1e-3)
+    rc, png, _ = _run_main(tmp_path, out)
+    assert rc == 0 and png.read_bytes()[:8] == PNG_MAGIC
 
 
 def test_cli_subprocess_end_to_end(tmp_path):
@@ -1528,7 +1570,7 @@ def test_atomic_write_keeps_old_file_when_interrupted(tmp_path):
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        train.atomic_write(path, broken)
+        plot.atomic_write({path: broken})
     assert path.read_bytes() == b"old" and os.listdir(tmp_path) == ["ckpt.pt"]
 
 

@@ -1,9 +1,10 @@
 """
-Train one configuration of the double-heads ablation, or all six.
+Train one configuration of the double-heads ablation, or all six; or sample from a trained run.
 
     python train.py --attn gla2 --double_heads        # one run, tiny preset, CPU ok
     python train.py --attn all                        # the six runs of the ablation
-    torchrun --standalone --nproc_per_node=8 train.py --attn all --preset paper --data edu_fineweb10B/
+    torchrun --standalone --nproc_per_node=8 train.py --attn all --preset paper --data edu_fineweb100B/ --grad_accum 6
+    python train.py --sample out/gla2/seed1337 --prompt "The return value"
 
 The ablation (Liu et al., "Multi-Head Low-Rank Attention", ICLR 2026, arXiv
 2603.02188) trains GQA, MLA and GLA-2 twice: baseline, and with the query heads
@@ -22,6 +23,7 @@ gqa, gqa_double_heads, mla, ... Bad input: one line on stderr, exit status 2.
 import argparse
 import ast
 import dataclasses
+import functools
 import hashlib
 import json
 import math
@@ -35,6 +37,7 @@ import sysconfig
 import tempfile
 import threading
 import time
+import typing
 from contextlib import nullcontext
 
 import numpy as np
@@ -44,6 +47,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
 import gla
+from plot import atomic_write
 
 VARIANTS = ("gqa", "mla", "gla2")
 # Override the preset's model (gla.make_config derives everything else from them).
@@ -116,8 +120,15 @@ def get_args(argv=None):
     p.add_argument("--resume", action="store_true", help="continue each run from its checkpoint")
     p.add_argument("--overwrite", action="store_true", help="start runs over even if they have a checkpoint")
     p.add_argument("--dry_run", action="store_true", help="print each run's model summary as JSON and exit")
-    p.add_argument("--bench", action="store_true",
-                   help="print training tokens/s per variant and batch shape (and HF transformers', if installed)")
+    g = p.add_argument_group("sampling: python train.py --sample RUN [RUN ...] --prompt TEXT (under torchrun "
+                             "--nproc_per_node=N with --tp N: tensor-parallel)")
+    g.add_argument("--sample", nargs="+", metavar="RUN", help="sample from these runs (ckpt.pt or its folder) in "
+                   "turn instead of training; --seed seeds the draws, --compile compiles the steps")
+    g.add_argument("--prompt", default="\n", help="text, or GPT-2 token ids without tiktoken (default: a newline)")
+    g.add_argument("--max_new_tokens", type=int, help="default: fill the run's block_size")
+    g.add_argument("--temperature", type=float, default=0.8, help="0: greedy")
+    g.add_argument("--top_k", type=int, default=200, help="sample among the k likeliest tokens (0: all)")
+    g.add_argument("--tp", type=int, default=1, help="tensor-parallel processes (gloo on CPU, nccl on GPUs)")
     args = p.parse_args(argv)
     for key, value in TRAIN_DEFAULTS[args.preset].items():
         if getattr(args, key) is None:
@@ -134,6 +145,8 @@ def get_args(argv=None):
             p.error(f"--{key} must be a positive finite number, got {getattr(args, key)}")
     if not (math.isfinite(args.weight_decay) and args.weight_decay >= 0):
         p.error(f"--weight_decay must be a finite number >= 0, got {args.weight_decay}")
+    if args.max_new_tokens is not None and args.max_new_tokens < 0:
+        p.error(f"--max_new_tokens must be >= 0, got {args.max_new_tokens}")
     if args.resume and args.overwrite:
         p.error("--resume and --overwrite contradict each other; pass one")
     if not (0 <= args.seed and args.seed + args.seeds <= 2**32):
@@ -170,93 +183,18 @@ def model_config(args, variant, double_heads):
     return gla.make_config(args.preset, variant, double_heads, **overrides)
 
 
-BENCH_SHAPES = ((16, 128), (8, 512))  # (sequences, tokens each) per training step
-BENCH_STEPS = 6  # timed steps per model and shape, after BENCH_WARMUP
-BENCH_WARMUP = 2
-
-
-def bench(args, ctx):
-    """Training tokens/s (forward, backward, a plain AdamW step for both, so the
-    ratio compares the models, not the optimizers) of all six models of the
-    preset (with the model flags applied) at the BENCH_SHAPES batches; with HF transformers installed, also
-    its model at equal dims (gla.hf_twin). The two take turns step by step in this
-    process, so both see the same machine load; we report medians."""
-    try:
-        import transformers  # noqa: F401
-        contenders = ("ours", "hf")
-    except ImportError:
-        contenders = ("ours",)
-    print(f"training throughput on {gla.machine(ctx.device)}, {ctx.dtype}" + ("" if "hf" in contenders else
-          "; pip install transformers to compare with HF"))
-    print(f"{'model':<20}{'batch':>9}{'ours tok/s':>12}" + (f"{'HF tok/s':>10}{'ours / HF':>11}" if "hf" in contenders
-                                                            else ""))
-    for variant, double_heads in models_of(argparse.Namespace(attn="all")):
-        for batch, T in BENCH_SHAPES:
-            config = model_config(argparse.Namespace(**{**vars(args), "block_size": T}), variant, double_heads)
-            x = torch.randint(config.vocab_size, (batch, T), device=ctx.device)
-            steps = {}
-            for who in contenders:
-                torch.manual_seed(0)
-                model = (gla.GPT(config) if who == "ours" else gla.hf_twin(config)).to(ctx.device)
-                train_model = torch.compile(model) if args.compile and who == "ours" else model
-                optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-
-                def step(model=train_model, optimizer=optimizer, who=who):
-                    t0 = time.perf_counter()
-                    with ctx.autocast():
-                        loss = model(x, x)[1] if who == "ours" else model(input_ids=x, labels=x).loss
-                    loss.backward()
-                    optimizer.step()
-                    optimizer.zero_grad(set_to_none=True)
-                    if ctx.device.type == "cuda":
-                        torch.cuda.synchronize()
-                    return time.perf_counter() - t0
-                steps[who] = step
-            times = {who: [] for who in contenders}
-            for i in range(BENCH_WARMUP + BENCH_STEPS):
-                for who in contenders:
-                    t = steps[who]()
-                    if i >= BENCH_WARMUP:
-                        times[who].append(t)
-            rate = {who: batch * T / float(np.median(t)) for who, t in times.items()}
-            line = f"{run_name(variant, double_heads):<20}{f'{batch}x{T}':>9}{rate['ours']:>12.0f}"
-            if "hf" in rate:
-                line += f"{rate['hf']:>10.0f}{rate['ours'] / rate['hf']:>10.2f}x"
-            print(line, flush=True)
-    return 0
-
-
 def summary(config, variant, double_heads, preset):
     """The --dry_run line. n_kv_head: KV heads a decode step reads (latent heads for MLA/GLA)."""
     with torch.device("meta"):
         n_params = gla.GPT(config).num_params()
     return dict(attn=variant, double_heads=double_heads, preset=preset, n_params=n_params,
                 ffn_hidden=config.ffn_hidden, n_head=config.n_head,
-                n_kv_head=gla.n_groups(config),
-                kv_cache_elems_per_token_per_layer=gla.kv_cache_elems_per_token_per_layer(config))
+                n_kv_head=config.n_groups,
+                kv_cache_elems_per_token_per_layer=config.kv_cache_elems_per_token_per_layer)
 
 
 # ----------------------------------------------------------------------------
 # Data
-
-
-def atomic_write(path, write):
-    """Write a file through a temporary name in the same folder, then os.replace:
-    a kill at any moment leaves the old file or the new one, never half of one."""
-    path = pathlib.Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())  # on disk before it replaces the old file, even if the machine dies
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the usual permissions
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
 
 
 def stdlib_corpus():
@@ -335,7 +273,7 @@ class TokenData:
             path = pathlib.Path(cache_dir) / "stdlib_corpus.txt"
             if not path.exists():
                 text = stdlib_corpus()
-                atomic_write(path, lambda f: f.write(text))
+                atomic_write({path: lambda f: f.write(text)})
             return cls._from_bytes(path.read_bytes(), f"stdlib corpus ({path})")
         path = pathlib.Path(spec)
         if path.is_file() and path.suffix == ".bin":
@@ -487,9 +425,6 @@ class Context:
 def setup_context(args):
     """Device, dtype and, under torchrun (RANK/WORLD_SIZE set), the process group."""
     world = int(os.environ.get("WORLD_SIZE", 1))
-    if args.batch_size % (world * args.grad_accum):
-        raise UsageError(f"--batch_size {args.batch_size} is not divisible by {world} process(es) x "
-                         f"--grad_accum {args.grad_accum}; pick a multiple")
     if args.device not in (None, "cpu", "cuda") and not args.device.startswith("cuda:"):
         raise UsageError(f"--device {args.device}: use cpu or cuda")
     if args.device and args.device.startswith("cuda") and not torch.cuda.is_available():
@@ -672,12 +607,12 @@ def train_run(args, variant, double_heads, data, ctx, log):
         for tmp in folder.glob(".*.pt.*"):  # left by a process killed inside atomic_write
             tmp.unlink()
         info = {**spec, "data": {**spec["data"], "source": data.source}}
-        atomic_write(folder / "config.json", lambda f: f.write(json.dumps(info, indent=2).encode()))
+        atomic_write({folder / "config.json": lambda f: f.write(json.dumps(info, indent=2).encode())})
         # Rewrite the metrics so they end exactly at the checkpoint: a resume neither
         # repeats nor loses an evaluation.
-        atomic_write(metrics_path, lambda f: f.write("".join(json.dumps(r) + "\n" for r in rows).encode()))
+        atomic_write({metrics_path: lambda f: f.write("".join(json.dumps(r) + "\n" for r in rows).encode())})
         log(f"{name}: {model.num_params():,} parameters, n_head {config.n_head}, ffn_hidden {config.ffn_hidden}, "
-            f"KV cache {gla.kv_cache_elems_per_token_per_layer(config)} elements/token/layer")
+            f"KV cache {config.kv_cache_elems_per_token_per_layer} elements/token/layer")
 
     train_model = torch.compile(model) if args.compile else model
     if ctx.world_size > 1:
@@ -697,7 +632,7 @@ def train_run(args, variant, double_heads, data, ctx, log):
             ckpt = dict(model=model.state_dict(), optimizer=optimizer.state_dict(), iter=step,
                         tokens=step * tokens_per_step, elapsed_s=elapsed, train_loss_sum=loss_sum,
                         train_loss_count=loss_count, rng=rng_state(), config=spec)
-            atomic_write(ckpt_path, lambda f: torch.save(ckpt, f))
+            atomic_write({ckpt_path: lambda f: torch.save(ckpt, f)})
 
     # disable=None: progress bars on a terminal only, so logs in files stay readable.
     bar = tqdm(total=args.max_iters, initial=step, desc=name, disable=None if ctx.master and ctx.bars else True,
@@ -746,6 +681,153 @@ def train_run(args, variant, double_heads, data, ctx, log):
     return rows[-1] if rows else None
 
 
+# ----------------------------------------------------------------------------
+# Sampling from a run: python train.py --sample out/gla2/seed1337 --prompt "The return value"
+
+
+class Codec(typing.NamedTuple):
+    """How a run's prompt becomes token ids (encode: str -> list of int) and its ids become text (decode)."""
+
+    name: str
+    encode: typing.Callable[[str], list]
+    decode: typing.Callable[[list], str]
+
+
+def _bytes_to_text(ids):
+    # Invalid UTF-8 (a half-learned character) shows as \xNN escapes, so nothing drawn is hidden; ids past 255 (a
+    # byte-level run with a padded vocabulary can draw them) as <id>.
+    return b"".join(bytes([i]) if i < 256 else f"<{i}>".encode() for i in ids).decode(errors="backslashreplace")
+
+
+def _parse_ids(prompt):
+    try:
+        return [int(t) for t in prompt.split()]
+    except ValueError:
+        raise UsageError("this run reads GPT-2 token ids and tiktoken is not installed: give --prompt as ids, "
+                         "e.g. --prompt '464 2068 7586'") from None
+
+
+def text_codec(config, source=None):
+    """The Codec of a run whose data source (TokenData.source, in its config.json) is `source` (None: unknown).
+    The default corpus and text files are bytes; token files hold GPT-2 ids, which tiktoken turns into text if it
+    is installed (not a dependency), else they are printed as numbers. Without a source, 256 tokens mean bytes."""
+    if config.vocab_size == 256 if source is None else not source.startswith("token files"):
+        return Codec("bytes", lambda text: list(text.encode()), _bytes_to_text)
+    try:
+        import tiktoken
+
+        enc = tiktoken.get_encoding("gpt2")
+        return Codec("GPT-2 BPE (tiktoken)", enc.encode, enc.decode)
+    except Exception:  # not installed, or its vocabulary file cannot be fetched (offline)
+        return Codec("GPT-2 token ids", _parse_ids, lambda ids: " ".join(map(str, ids)))
+
+
+def load_run(path):
+    """(GPTConfig, state dict, Codec) of a run, from its ckpt.pt or its folder; memory-mapped, so only the weights
+    we load are read. Raises UsageError (one line) for a missing or unreadable checkpoint."""
+    path = pathlib.Path(path)
+    path = path / "ckpt.pt" if path.is_dir() else path
+    if not path.is_file():
+        raise UsageError(f"no checkpoint at {path}; pass a run's ckpt.pt or its folder "
+                         "(<out_dir>/<run>/seed<seed>)")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        config, state = gla.GPTConfig(**ckpt["config"]["model"]), ckpt["model"]
+    except Exception as e:  # truncated, not a checkpoint, or not train.py's
+        first_line = (str(e).strip().splitlines() or [""])[0]
+        raise UsageError(f"cannot read {path} as a train.py checkpoint ({type(e).__name__}: {first_line})") from None
+    info = path.with_name("config.json")
+    source = json.loads(info.read_text()).get("data", {}).get("source") if info.is_file() else None
+    return config, state, text_codec(config, source)
+
+
+def cache_report(model, full, rank, tp, length):
+    """One line: what rank of tp holds of the full model (config `full`) and its KV cache at `length` tokens."""
+    share = gla.tp_share(full, rank, tp)
+    span = lambda noun, r: f"{noun}s {r.start}-{r.stop - 1}" if len(r) > 1 else f"{noun} {r.start}"  # noqa: E731
+    caches = [block.attn.cache for block in model.blocks]
+    nbytes = sum(c.k_cache[:, :, :length].nbytes + c.v_cache[:, :, :length].nbytes for c in caches)
+    return (f"rank {rank}/{tp}: {span('query head', share.heads)} of {full.n_head}, "
+            f"{span('KV head' if full.attn == 'gqa' else 'latent head', share.groups)} of {full.n_groups}, "
+            f"{span('MLP column', share.ffn)} | KV cache: {model.config.kv_cache_elems_per_token_per_layer} elements "
+            f"per token per layer (one process: {full.kv_cache_elems_per_token_per_layer}), {nbytes:,} bytes at "
+            f"{length} tokens ({len(caches)} layers x batch {caches[0].k_cache.shape[0]}, {caches[0].k_cache.dtype})")
+
+
+def sample_runs(args):
+    """--sample: text from each run through GPT.generate (its KV cache and decode path), and tokens/s. Under
+    torchrun with --tp N, each rank builds the full model (for a moment it holds all the weights: simple, not
+    frugal), keeps its shard (gla.shard_for_tp) and runs the same generate; the all-reduces give every rank the same
+    logits, so the same seed draws the same tokens everywhere, which we check. Rank 0 prints the text and what every
+    rank holds. Everything is checked before the process group exists, so every rank fails alike, in one line."""
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    if args.tp != world:
+        raise UsageError(f"--tp {args.tp} needs {args.tp} process(es), found WORLD_SIZE={world}: " + (
+            f"launch torchrun --standalone --nproc_per_node={args.tp} train.py --sample ... --tp {args.tp}"
+            if args.tp > 1 else f"pass --tp {world}"))
+    try:
+        gla.check_sampling(args.temperature, args.top_k)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    cuda = args.device.startswith("cuda") if args.device else torch.cuda.is_available()
+    if cuda and world > torch.cuda.device_count():
+        raise UsageError(f"--tp {world} on CUDA needs {world} GPUs, found {torch.cuda.device_count()}; "
+                         "use --device cpu (gloo) or fewer processes")
+    jobs = []
+    for path in args.sample:
+        config, state, codec = load_run(path)
+        gla.tp_share(config, 0, args.tp)  # ConfigError for a --tp the model cannot split
+        prompt, capacity = codec.encode(args.prompt), config.block_size  # positions past it were never trained
+        if not prompt or len(prompt) >= capacity:
+            raise UsageError(f"{path}: the prompt is {len(prompt)} tokens ({codec.name}); it needs 1 to "
+                             f"{capacity - 1} to fit the cache of block_size={capacity} with a new token")
+        if max(prompt) >= config.vocab_size:
+            raise UsageError(f"{path}: prompt token id {max(prompt)} >= vocab_size={config.vocab_size}")
+        new = capacity - len(prompt) if args.max_new_tokens is None else args.max_new_tokens
+        if len(prompt) + new > capacity:
+            raise UsageError(f"{path}: a {len(prompt)}-token prompt + --max_new_tokens {new} exceed the cache of "
+                             f"block_size={capacity} tokens; lower --max_new_tokens or shorten the prompt")
+        jobs.append((path, config, state, codec, prompt, new))
+    ctx = setup_context(args)
+    try:
+        for path, config, state, codec, prompt, new in jobs:
+            model = gla.GPT(config)
+            try:
+                gla.load_state(model, state)
+            except ValueError as e:
+                raise UsageError(f"{path}: {e}") from None
+            model.to(ctx.device).eval()
+            if world > 1:
+                gla.shard_for_tp(model, ctx.rank, world)
+            generate = functools.partial(model.generate, torch.tensor([prompt], device=ctx.device), new,
+                                         args.temperature, args.top_k, compile=args.compile)
+            if args.compile:
+                generate()  # compiles the step (once per length); the timed run below reuses it
+            torch.manual_seed(args.seed)
+            t0 = time.perf_counter()
+            tokens = generate()[0].tolist()  # .tolist() waits for the GPU
+            seconds = time.perf_counter() - t0
+            mine = (cache_report(model, config, ctx.rank, world, len(tokens)), tokens)
+            ranks = [mine]
+            if world > 1:
+                ranks = [None] * world
+                dist.all_gather_object(ranks, mine)
+            if any(other != tokens for _, other in ranks):
+                raise RuntimeError("the ranks drew different tokens: their logits differ; a sharding bug")
+            if ctx.master:
+                how = "greedy" if args.temperature == 0 else f"temperature {args.temperature}, top_k {args.top_k}"
+                variant = f"gla{config.n_latent_heads}" if config.attn == "gla" else config.attn
+                print(f"== {path}: {variant}, {codec.name}, tp {world}, {ctx.device.type}, "
+                      f"{model.tok_emb.weight.dtype}, {how}, seed {args.seed}\n{codec.decode(tokens)}\n"
+                      f"-- {new} new tokens in {seconds:.3f} s: {new / seconds:.1f} tokens/s (batch 1, prompt of "
+                      f"{len(prompt)} tokens, prefill included)", *(report for report, _ in ranks), sep="\n",
+                      flush=True)
+    finally:
+        if world > 1:
+            dist.destroy_process_group()
+    return 0
+
+
 def check_out_dir(out_dir):
     """UsageError unless out_dir is (or can become) a writable folder."""
     path = pathlib.Path(out_dir)
@@ -761,9 +843,9 @@ def main(argv=None):
     Raises UsageError / ConfigError for bad input, Diverged for a NaN loss."""
     args = get_args(argv)
     models = models_of(args)
+    if args.sample:
+        return sample_runs(args)
     configs = [model_config(args, v, d) for v, d in models]  # ConfigError before anything is written
-    if args.bench:
-        return bench(args, setup_context(args))
     if args.dry_run:
         for (v, d), config in zip(models, configs):
             print(json.dumps(summary(config, v, d, args.preset)))
@@ -775,6 +857,10 @@ def main(argv=None):
             if (folder / "ckpt.pt").exists():
                 raise UsageError(f"{folder} already holds a trained run; "
                                  "pass --resume to continue it, --overwrite to start over, or another --out_dir")
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    if args.batch_size % (world * args.grad_accum):
+        raise UsageError(f"--batch_size {args.batch_size} is not divisible by {world} process(es) x "
+                         f"--grad_accum {args.grad_accum}; pick a multiple")
     ctx = setup_context(args)
     jobs = jobs_of(args, ctx)
     check_memory(args, configs, ctx, jobs)

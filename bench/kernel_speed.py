@@ -1,0 +1,78 @@
+"""The decode kernel's speed on a GPU against the memory-bound floor, the memory model, and the PyTorch reference.
+
+For every bench shape (the GLA paper's per-device decode shapes, kernels.BENCH_SHAPES), batch 1 and 32, 8K / 32K /
+128K cached tokens and Lq 1 and 2, in bf16: the median time of a call, the bytes it must read (the cache of the
+valid tokens once, q, qv and the output), the GB/s that makes, the percent of the measured copy bandwidth (the
+floor), the time kernels.py's memory model predicts, passes (how often each group's cache is read: head blocks),
+the speedup over decode_attention_ref, and the largest difference from it.
+
+    python bench/kernel_speed.py [--output kernel_speed.csv] [--budget_s 600]
+"""
+import argparse
+import pathlib
+import sys
+import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # the repository's modules
+
+import torch  # noqa: E402
+
+import kernels  # noqa: E402
+from kernels import BENCH_BATCHES, BENCH_LQ, BENCH_SEQLENS, BENCH_SHAPES  # noqa: E402
+
+COPY_BYTES = 1 << 30
+MEMORY_MARGIN = 0.8  # use at most this fraction of free GPU memory
+COLUMNS = ["shape", "B", "S", "Lq", "passes", "time_us", "MB_read", "GB_s", "pct_floor", "model_us", "speedup_vs_ref",
+           "max_abs_err"]
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--output", help="also write the table to PATH as CSV")
+    parser.add_argument("--budget_s", type=float, default=600, help="start no new row after this many seconds")
+    args = parser.parse_args(argv)
+    if kernels.triton is None or not torch.cuda.is_available():
+        print("bench/kernel_speed.py needs a CUDA GPU and Triton", file=sys.stderr)
+        sys.exit(2)
+    from triton.testing import do_bench
+    start, dev, dt = time.time(), torch.device("cuda"), torch.bfloat16
+    src = torch.empty(COPY_BYTES, dtype=torch.uint8, device=dev)
+    dst = torch.empty_like(src)
+    copy_bw = 2 * COPY_BYTES / (do_bench(lambda: dst.copy_(src), return_mode="median") * 1e-3)  # reads + writes
+    del src, dst
+    print(f"{torch.cuda.get_device_name(dev)}: device-to-device copy bandwidth (the floor): {copy_bw / 1e9:.0f} GB/s")
+    num_sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    rows, skipped = [], []
+    print("  ".join(COLUMNS))
+    for name, (Hq, Hkv, Hk, Dk, Dv, use_qv) in BENCH_SHAPES.items():
+        for B in BENCH_BATCHES:
+            for S in BENCH_SEQLENS:
+                for Lq in BENCH_LQ:
+                    cache, io, _ = kernels.call_bytes(B, Lq, Hq, Hk, Hkv, Dk, Dv, use_qv, S, dt.itemsize, 1)
+                    # The cache, the reference's float32 copy of it (2x), ~3 float32 score tensors.
+                    need = 3 * cache + 3 * 4 * B * Hq * Lq * S
+                    if time.time() > start + args.budget_s or need > MEMORY_MARGIN * torch.cuda.mem_get_info(dev)[0]:
+                        skipped.append(f"{name} B={B} S={S} Lq={Lq}")
+                        continue
+                    q, k, v, seqlens, qv = kernels.bench_inputs(name, B, S, Lq, dt, dev)
+                    out = kernels.decode_attention(q, k, v, seqlens, qv, max_seqlen=S)
+                    err = (out.float() - kernels.decode_attention_ref(q, k, v, seqlens, qv).float()).abs().max().item()
+                    t = do_bench(lambda: kernels.decode_attention(q, k, v, seqlens, qv, max_seqlen=S, out=out),
+                                 return_mode="median") * 1e-3
+                    t_ref = do_bench(lambda: kernels.decode_attention_ref(q, k, v, seqlens, qv), return_mode="median")
+                    p = kernels._plan(B, Lq, Hq, Hkv, Hk, Dk, Dv, use_qv, dt.itemsize, S, None, num_sms)
+                    rows.append([name, B, S, Lq, p["n_head_blocks"], f"{t * 1e6:.1f}", f"{(cache + io) / 1e6:.1f}",
+                                 f"{(cache + io) / t / 1e9:.0f}", f"{100 * (cache + io) / copy_bw / t:.0f}",
+                                 f"{p['seconds'] * 1e6:.1f}", f"{t_ref * 1e-3 / t:.1f}", f"{err:.2e}"])
+                    print("  ".join(str(x) for x in rows[-1]), flush=True)
+                    del q, k, v, seqlens, qv, out
+                    torch.cuda.empty_cache()
+    if skipped:
+        print(f"skipped (out of time or memory): {'; '.join(skipped)}")
+    if args.output:
+        from bench.sm90 import write_table
+        write_table(args.output, COLUMNS, rows)
+
+
+if __name__ == "__main__":
+    main()

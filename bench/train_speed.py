@@ -1,0 +1,80 @@
+"""Training speed: tokens/s of our six models of the ablation against HF transformers' models at equal dims.
+
+Forward, backward and a plain AdamW step for both (so that the ratio compares the models, not the optimizers), at
+two batch shapes; the two take turns step by step in one process, so both see the same machine load, and we report
+the median of the timed steps after warm-up ones. HF's model (bench/common.hf_twin: Llama for GQA, a dense
+DeepSeek-V3 for MLA and GLA-2) is timed only if transformers is installed.
+
+    python bench/train_speed.py [--preset tiny] [--device cpu] [--compile]
+"""
+import argparse
+import pathlib
+import statistics
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # the repository's modules
+
+import torch  # noqa: E402
+
+import gla  # noqa: E402
+import train  # noqa: E402
+from bench.common import hf_twin, machine, time_interleaved  # noqa: E402
+
+SHAPES = ((16, 128), (8, 512))  # (sequences, tokens each) per training step
+STEPS, WARMUP = 6, 2
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--preset", default="tiny", choices=list(gla.PRESETS))
+    for flag in ("n_layer", "n_embd", "head_dim"):
+        p.add_argument(f"--{flag}", type=int, help="replace the preset's (default: the preset's)")
+    p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda if available")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], help="autocast dtype (default: bfloat16 on cuda)")
+    p.add_argument("--compile", action="store_true", help="torch.compile our models")
+    args = p.parse_args(argv)
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    ctx = train.Context(device, getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32")))
+    try:
+        import transformers  # noqa: F401
+        contenders = ("ours", "hf")
+    except ImportError:
+        contenders = ("ours",)
+    print(f"training throughput on {machine(device)}, {ctx.dtype}"
+          + ("" if "hf" in contenders else "; pip install transformers to compare with HF"))
+    print(f"{'model':<20}{'batch':>9}{'ours tok/s':>12}" + (f"{'HF tok/s':>10}{'ours / HF':>11}" * ("hf" in contenders)))
+    shape = {k: getattr(args, k) for k in ("n_layer", "n_embd", "head_dim") if getattr(args, k)}
+    for variant in train.VARIANTS:
+        for double_heads in (False, True):
+            for batch, T in SHAPES:
+                try:
+                    config = gla.make_config(args.preset, variant, double_heads, block_size=T, **shape)
+                except gla.ConfigError as e:
+                    p.error(str(e))
+                x = torch.randint(config.vocab_size, (batch, T), device=device)
+                steps = {}
+                for who in contenders:
+                    torch.manual_seed(0)
+                    model = (gla.GPT(config) if who == "ours" else hf_twin(config)).to(device)
+                    run = torch.compile(model) if args.compile and who == "ours" else model
+                    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+                    def step(run=run, optimizer=optimizer, who=who):
+                        with ctx.autocast():
+                            loss = run(x, x)[1] if who == "ours" else run(input_ids=x, labels=x).loss
+                        loss.backward()
+                        optimizer.step()
+                        optimizer.zero_grad(set_to_none=True)
+                        if device.type == "cuda":
+                            torch.cuda.synchronize()
+                    steps[who] = step
+                times = time_interleaved(steps, STEPS, warmup=WARMUP)
+                rate = {who: batch * T / statistics.median(t) for who, t in times.items()}
+                line = f"{train.run_name(variant, double_heads):<20}{f'{batch}x{T}':>9}{rate['ours']:>12.0f}"
+                if "hf" in rate:
+                    line += f"{rate['hf']:>10.0f}{rate['ours'] / rate['hf']:>10.2f}x"
+                print(line, flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -271,8 +271,8 @@ def modelled_seconds(nbytes, programs, ctas_per_sm, kv_bytes_in_flight, num_sms=
 
 
 def _num_stages(BLOCK_M, BLOCK_DK, BLOCK_DV, has_qv, tile_smem, ctas_per_sm, elem_bytes):
-    """The most stages, 3 to MAX_STAGES, whose shared memory fits ctas_per_sm CTAs on an SM: q (and qv) tiles and
-    num_stages - 1 K/V buffers (one more from 64 rows, where wgmma may still read one), as the sm_90 builds show."""
+    """The most stages, 3 (the least we launch) to MAX_STAGES, whose shared memory fits ctas_per_sm CTAs on an SM: q
+    (and qv) tiles and num_stages - 1 K/V buffers (one more from 64 rows, where wgmma reads one), as sm_90 builds show."""
     fixed = BLOCK_M * (BLOCK_DK + (BLOCK_DV if has_qv else 0)) * elem_bytes + SMEM_SCRATCH
     budget = SM90_SMEM_PER_SM // ctas_per_sm - SM90_SMEM_RESERVED_PER_CTA
     extra = 1 if BLOCK_M >= 64 else 0

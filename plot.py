@@ -36,13 +36,7 @@ import pathlib
 import sys
 import tempfile
 
-import matplotlib
-matplotlib.use("Agg")  # files only, never a display
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-from matplotlib.lines import Line2D  # noqa: E402
-from matplotlib.patches import Patch  # noqa: E402
-from matplotlib.ticker import FuncFormatter  # noqa: E402
+import numpy as np
 
 # (run name of the baseline, legend label, colour, (line width, marker size)), in the
 # reference figure's order. Widths and sizes shrink down the list and later variants
@@ -214,6 +208,14 @@ def plot(curves, colours, path):
     cannot hold the data: we use symlog, linear within +-linear_band(curves). Every point keeps a marker; the dashed
     line at 0 separates "doubling helped" (above) from "doubling hurt" (below).
     """
+    import matplotlib  # here, not at the top: train.py imports this module for atomic_write alone
+
+    matplotlib.use("Agg")  # files only, never a display
+    import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+    from matplotlib.ticker import FuncFormatter
+
     values = np.concatenate([np.concatenate([c.mean, c.low, c.high]) for c in curves.values()])
     linthresh = linear_band(curves)
     scale, unit = token_unit(max(int(c.tokens.max()) for c in curves.values()))
@@ -248,9 +250,9 @@ def plot(curves, colours, path):
 
 
 def atomic_write(writers):
-    """Write each file of {path: write(binary file)} under a temporary name in its folder, fsync it, then rename them
-    all into place: a kill or an error at any moment leaves the old files or the new ones, never half of one, and
-    never one new file beside an old one. train.py writes its runs with it too."""
+    """Write each file of {path: write(binary file)} under a temporary name in its folder and fsync it, then rename
+    them all into place: a kill or an error leaves each file old or new, never half written, and an error while
+    writing (a plot that raises, a full disk) replaces none of them. train.py writes its runs with it too."""
     tmp = {}
     try:
         for path, write in writers.items():

@@ -628,6 +628,11 @@ def test_sampling_command_bad_input_is_one_line(tmp_path, capsys, monkeypatch):
     path = tmp_path / "gla2.pt"
     save_run(path, small_model("gla2", block_size=32))
     (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
+    ids_run = tmp_path / "tokens" / "seed1"  # a run on GPT-2 token files: its prompt is ids without tiktoken
+    ids_run.mkdir(parents=True)
+    save_run(ids_run / "ckpt.pt", small_model("gqa", block_size=32, vocab_size=512))
+    (ids_run / "config.json").write_text(json.dumps({"data": {"source": "token files in shards"}}))
+    monkeypatch.setitem(sys.modules, "tiktoken", None)
     cases = [
         ([str(path), "--tp", "2"], {}, "--tp 2 needs 2 process(es), found WORLD_SIZE=1: launch torchrun"),
         ([str(path), "--tp", "0"], {}, "--tp 0 needs 0 process(es)"),
@@ -640,6 +645,7 @@ def test_sampling_command_bad_input_is_one_line(tmp_path, capsys, monkeypatch):
         ([str(path), "--top_k", "-1"], {}, "top_k must be >= 0"),
         ([str(path), "--max_new_tokens", "-1"], {}, "--max_new_tokens must be >= 0"),
         ([str(path), "--prompt", ""], {}, "the prompt is 0 tokens (bytes); it needs 1 to 31"),
+        ([str(ids_run), "--prompt", "5 -3"], {}, "prompt token ids must lie in [0, vocab_size=512), got -3 to 5"),
     ]
     for argv, env, match in cases:
         for key, value in env.items():
@@ -912,7 +918,7 @@ def test_sm90_build(config, sm90_builds):
     assert f["mma"] > 0, f
     assert f["loop_cp_async"] > 0 and f["loop_cp_async_128"] == f["loop_cp_async"], f
     assert f["loop_ldg"] == 0 and f["narrow_loads"] == 0, f
-    assert f["in_flight"] == f["planned_in_flight"] >= 1 and f["stages"] == 1 + f["in_flight"], f
+    assert f["in_flight"] == f["planned_in_flight"] >= 1, f
     assert f["ctas_per_sm"] >= max(MIN_CTAS_PER_SM[name], f["planned_ctas_per_sm"]), f
     assert f["programs"] < BALANCE_MIN_PROGRAMS or f["balance"] >= MIN_BALANCE, f
 
@@ -926,12 +932,10 @@ def test_sm90_model_reaches_the_floor_at_batch_1_and_32(sm90_builds):
     for config in sm90.CONFIGS:
         (name, B, Lq, S, _), f = config, sm90_builds[config]
         Hq, Hkv, Hk, Dk, Dv, use_qv = kernels.BENCH_SHAPES[name]
-        cache, io, partial = kernels.call_bytes(B, Lq, Hq, Hk, Hkv, Dk, Dv, use_qv, S, 2, f["programs"] // (
-            B * Hkv * f["passes"]))
-        assert (f["cache_B"], f["io_B"], f["partial_B"]) == (cache, io, partial)
-        assert f["in_flight_B"] == f["in_flight"] * f["BLOCK_N"] * (Dk + Dv) * 2  # tiles x tile bytes (bf16)
-        want = kernels.modelled_seconds(cache + io + f["partial_B"], f["programs"], f["ctas_per_sm"], f["in_flight_B"])
-        assert f["model_s"] == pytest.approx(want, rel=1e-12)
+        splits = f["programs"] // (B * Hkv * f["passes"])
+        assert f["cache_B"] == B * S * (Hk * Dk + Hkv * Dv) * 2  # bf16: every cached token once
+        assert f["partial_B"] == 2 * B * Lq * Hq * splits * (Dv * 2 + 4)  # bf16 partials, float32 LSE, both ways
+        assert f["in_flight_B"] == f["in_flight"] * f["BLOCK_N"] * (Dk + Dv) * 2  # the build's tiles x tile bytes
         assert f["model_pct"] >= (80 if S >= 32768 else 60), f
     for Lq in kernels.BENCH_LQ:
         for S in kernels.BENCH_SEQLENS:
@@ -1862,6 +1866,11 @@ def test_run_reports_its_passes_and_paper_refuses_to_repeat(tmp_path, text_file,
         assert train.check_passes(train.get_args([*small_paper, *argv]), data, 32) == report
 
 
+def test_counts_print_in_three_digits_across_unit_boundaries():
+    assert [train.human(n) for n in (999, 1000, 4864, 999_600, 819_200, 98_304_000_000)] == [
+        "999", "1K", "4.86K", "1M", "819K", "98.3B"]
+
+
 def test_seed_range_both_ends():
     for argv in (["--seed", "0"], ["--seed", str(2**32 - 1), "--seeds", "1"], ["--seed", str(2**32 - 2), "--seeds", "2"]):
         train.get_args(argv)  # accepted: every seed of the run is in [0, 2**32)
@@ -1879,6 +1888,10 @@ def test_a_run_that_cannot_fit_in_memory_is_refused_before_building(tmp_path, te
     err = capsys.readouterr().err
     assert one_line_error(err) and "0.0 GiB are free" in err, err
     need = train.memory_floor(gla.make_config("tiny", "gqa", block_size=64), 8, 4, False)
+    monkeypatch.setattr(train, "device_memory", lambda device: 2 * need)  # room for one process, not four
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")  # as torchrun --nproc_per_node=4 on this host (gloo)
+    assert train.cli(["--data", str(text_file), "--out_dir", str(tmp_path / "four"), *FAST]) == 2
+    assert "(4 process(es):" in capsys.readouterr().err
     assert 16 * 1_635_584 < need < 16 * 1_635_584 + 8 * 64 * (3 * 2 * 256 * 4 + 4 * 256) + 1
 
 

@@ -183,11 +183,15 @@ def model_config(args, variant, double_heads):
     return gla.make_config(args.preset, variant, double_heads, **overrides)
 
 
+def n_params(config):
+    """Parameters of the model of config, counted on the meta device (no memory)."""
+    with torch.device("meta"):
+        return gla.GPT(config).num_params()
+
+
 def summary(config, variant, double_heads, preset):
     """The --dry_run line. n_kv_head: KV heads a decode step reads (latent heads for MLA/GLA)."""
-    with torch.device("meta"):
-        n_params = gla.GPT(config).num_params()
-    return dict(attn=variant, double_heads=double_heads, preset=preset, n_params=n_params,
+    return dict(attn=variant, double_heads=double_heads, preset=preset, n_params=n_params(config),
                 ffn_hidden=config.ffn_hidden, n_head=config.n_head,
                 n_kv_head=config.n_groups,
                 kv_cache_elems_per_token_per_layer=config.kv_cache_elems_per_token_per_layer)
@@ -348,7 +352,7 @@ class TokenData:
         j = step * batch_size + np.arange(rank * (batch_size // world_size), (rank + 1) * (batch_size // world_size))
         passes, k = np.divmod(j, n)
         window = np.empty_like(k)
-        for p in np.unique(passes):  # a batch spans at most two passes
+        for p in np.unique(passes):  # a batch spans several passes only if it outnumbers the windows
             key = (seed, split == "val", int(p))
             window[passes == p] = permute(k[passes == p], n, key)
         ends = np.cumsum(counts)
@@ -371,7 +375,7 @@ def permute(i, n, key, rounds=4):
     with O(len(i)) memory: a balanced Feistel network (Luby and Rackoff 1988) on the
     smallest even number of bits that holds n - 1, and cycle walking (Black and Rogaway
     2002) for the values it maps past n: apply it again until they land in [0, n).
-    The domain is under 4n, so that takes under 4 tries on average. key: a tuple of
+    The domain is under 4n (n >= 2), so that takes under 4 tries on average. key: a tuple of
     ints and bools; equal keys give equal permutations."""
     half = (max(2, int(n - 1).bit_length()) + 1) // 2
     mask = np.uint64((1 << half) - 1)
@@ -759,7 +763,8 @@ def sample_runs(args):
     torchrun with --tp N, each rank builds the full model (for a moment it holds all the weights: simple, not
     frugal), keeps its shard (gla.shard_for_tp) and runs the same generate; the all-reduces give every rank the same
     logits, so the same seed draws the same tokens everywhere, which we check. Rank 0 prints the text and what every
-    rank holds. Everything is checked before the process group exists, so every rank fails alike, in one line."""
+    rank holds. Bad input is found before the process group exists (weights that do not fit their model, when each
+    run is loaded), on every rank alike: one line, exit status 2."""
     world = int(os.environ.get("WORLD_SIZE", 1))
     if args.tp != world:
         raise UsageError(f"--tp {args.tp} needs {args.tp} process(es), found WORLD_SIZE={world}: " + (
@@ -770,6 +775,8 @@ def sample_runs(args):
     except ValueError as e:
         raise UsageError(str(e)) from None
     cuda = args.device.startswith("cuda") if args.device else torch.cuda.is_available()
+    if cuda and not torch.cuda.is_available():
+        raise UsageError(f"--device {args.device} but CUDA is not available here; use --device cpu")
     if cuda and world > torch.cuda.device_count():
         raise UsageError(f"--tp {world} on CUDA needs {world} GPUs, found {torch.cuda.device_count()}; "
                          "use --device cpu (gloo) or fewer processes")
@@ -781,8 +788,9 @@ def sample_runs(args):
         if not prompt or len(prompt) >= capacity:
             raise UsageError(f"{path}: the prompt is {len(prompt)} tokens ({codec.name}); it needs 1 to "
                              f"{capacity - 1} to fit the cache of block_size={capacity} with a new token")
-        if max(prompt) >= config.vocab_size:
-            raise UsageError(f"{path}: prompt token id {max(prompt)} >= vocab_size={config.vocab_size}")
+        if not 0 <= min(prompt) <= max(prompt) < config.vocab_size:
+            raise UsageError(f"{path}: prompt token ids must lie in [0, vocab_size={config.vocab_size}), got "
+                             f"{min(prompt)} to {max(prompt)}")
         new = capacity - len(prompt) if args.max_new_tokens is None else args.max_new_tokens
         if len(prompt) + new > capacity:
             raise UsageError(f"{path}: a {len(prompt)}-token prompt + --max_new_tokens {new} exceed the cache of "
@@ -823,7 +831,7 @@ def sample_runs(args):
                       f"{len(prompt)} tokens, prefill included)", *(report for report, _ in ranks), sep="\n",
                       flush=True)
     finally:
-        if world > 1:
+        if dist.is_initialized():  # torchrun, even with one process
             dist.destroy_process_group()
     return 0
 
@@ -892,10 +900,10 @@ def main(argv=None):
 
 
 def human(n):
-    """98.3B, 819K: a count in three significant digits."""
+    """98.3B, 819K: a count in three significant digits (999,600 is 1M, not 1e+03K)."""
     for scale, unit in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
-        if n >= scale:
-            return f"{n / scale:.3g}{unit}"
+        if float(f"{n:.3g}") >= scale:
+            return f"{float(f'{n / scale:.3g}'):g}{unit}"
     return str(n)
 
 
@@ -924,9 +932,7 @@ def memory_floor(config, micro_batch, act_bytes, ddp):
     the normalised inputs of attention and MLP: 3 x n_embd values per token per layer, in
     the compute dtype of act_bytes each; and the float32 logits of the loss). The real
     use is several times the activation floor: we refuse only runs that cannot fit."""
-    with torch.device("meta"):
-        n_params = gla.GPT(config).num_params()
-    states = (STATE_BYTES_PER_PARAM + (DDP_BYTES_PER_PARAM if ddp else 0)) * n_params
+    states = (STATE_BYTES_PER_PARAM + (DDP_BYTES_PER_PARAM if ddp else 0)) * n_params(config)
     tokens = micro_batch * config.block_size
     return states + tokens * (3 * config.n_layer * config.n_embd * act_bytes + 4 * config.vocab_size)
 
@@ -943,18 +949,19 @@ def device_memory(device):
 
 
 def check_memory(args, configs, ctx, jobs):
-    """UsageError (one line) when the largest run's memory_floor, times the --jobs
-    processes that share this host, exceeds what the device has: before any model is
+    """UsageError (one line) when the largest run's memory_floor, times the processes that share the device (on a
+    CPU: the --jobs workers, or the torchrun processes of this host), exceeds what it has free: before any model is
     built, so a run that cannot fit fails at once instead of being killed minutes in."""
     micro = args.batch_size // ctx.world_size // args.grad_accum
     act_bytes = 2 if ctx.dtype in (torch.bfloat16, torch.float16) else 4
-    need = jobs * max(memory_floor(c, micro, act_bytes, ctx.world_size > 1) for c in configs)
+    sharing = jobs * int(os.environ.get("LOCAL_WORLD_SIZE", 1)) if ctx.device.type == "cpu" else 1
+    need = sharing * max(memory_floor(c, micro, act_bytes, ctx.world_size > 1) for c in configs)
     have = device_memory(ctx.device)
     if need > have:
-        raise UsageError(f"this run needs at least {need / 2**30:.1f} GiB on {ctx.device} (weights, gradients and "
-                         f"AdamW state at {STATE_BYTES_PER_PARAM} bytes per parameter, plus activations of "
-                         f"{micro} sequences) but {have / 2**30:.1f} GiB are free; use GPUs with more memory, "
-                         "a larger --grad_accum, a smaller --preset, or --dry_run for the shapes alone")
+        raise UsageError(f"this run needs at least {need / 2**30:.1f} GiB on {ctx.device} ({sharing} process(es): "
+                         f"weights, gradients and AdamW state at {STATE_BYTES_PER_PARAM} bytes per parameter, plus "
+                         f"activations of {micro} sequences) but {have / 2**30:.1f} GiB are free; use GPUs with more "
+                         "memory, a larger --grad_accum, fewer --jobs, a smaller --preset, or --dry_run for the shapes")
 
 
 def jobs_of(args, ctx):

@@ -49,8 +49,9 @@ def main(argv=None):
             for S in BENCH_SEQLENS:
                 for Lq in BENCH_LQ:
                     cache, io, _ = kernels.call_bytes(B, Lq, Hq, Hk, Hkv, Dk, Dv, use_qv, S, dt.itemsize, 1)
-                    # The cache, the reference's float32 copy of it (2x), ~3 float32 score tensors.
-                    need = 3 * cache + 3 * 4 * B * Hq * Lq * S
+                    # The cache, the reference's float32 copies of K and V and the zeroed V (2x each), ~3 float32
+                    # score tensors.
+                    need = 5 * cache + 3 * 4 * B * Hq * Lq * S
                     if time.time() > start + args.budget_s or need > MEMORY_MARGIN * torch.cuda.mem_get_info(dev)[0]:
                         skipped.append(f"{name} B={B} S={S} Lq={Lq}")
                         continue

@@ -13,6 +13,7 @@ The analysis follows the internals of Triton 3.9 (the runtime's specialisation);
 (and the tests skip) instead of printing wrong figures.
 """
 import argparse
+import csv
 import functools
 import inspect
 import json
@@ -25,6 +26,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # the repository's modules
+os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton 3.9's default, said out loud (it warns otherwise)
 
 import torch  # noqa: E402
 
@@ -137,26 +139,22 @@ def _sass_main_loop(sass):
     return min(with_mma, key=len) if with_mma else []
 
 
-def figures(name, B, Lq, S, num_stages=None):
-    """What the split kernel compiles to on an H100/H200 for one bench shape (bf16, all B sequences at S cached
-    tokens), as a dict: regs, stack (spill bytes), spills (STL/LDL instructions), smem (bytes per CTA), mma
-    (HGMMA/HMMA instructions), loop_cp_async / loop_ldg (K/V loads in the main loop by cp.async / plain loads),
-    narrow_loads (global loads under 32 bits), in_flight (K/V tiles still arriving while the loop computes: the
-    smallest `DEPBAR.LE SB0, N` in the loop over the cp.async groups it commits per iteration), stages (1 +
-    in_flight), ctas_per_sm (from registers, shared memory and threads) and its limit, programs, balance (mean over
-    max programs per SM), passes (head blocks), the plan's figures; and the memory model fed by this build:
-    in_flight_B (K/V bytes in flight per program), cache_B, io_B, partial_B, model_s, floor_s, model_pct.
-    num_stages None: the plan's."""
-    return figures_many([(name, B, Lq, S, num_stages)])[0]
-
-
 _FIGURES = {}  # (name, B, Lq, S, num_stages) -> figures
 
 
 def figures_many(configs):
-    """figures() of each (name, B, Lq, S, num_stages), each computed once. Under TRITON_INTERPRET=1 (the CPU tests)
-    Triton's compiler cannot run in this process (its code generator would call the interpreter's tl.max, tl.sum
-    and co.), so we compute them in one child process without that variable."""
+    """What the split kernel compiles to on an H100/H200 for each (name, B, Lq, S, num_stages) of configs (bf16, all B
+    sequences at S cached tokens; num_stages None: the plan's), each computed once, as dicts: regs, stack (spill
+    bytes), spills (STL/LDL instructions), smem (bytes per CTA), mma (HGMMA/HMMA instructions), loop_cp_async /
+    loop_ldg (K/V loads in the main loop by cp.async / plain loads), narrow_loads (global loads under 32 bits),
+    in_flight (K/V tiles still arriving while the loop computes: the smallest `DEPBAR.LE SB0, N` in the loop over the
+    cp.async groups it commits per iteration), stages (1 + in_flight), ctas_per_sm (from registers, shared memory and
+    threads) and its limit, programs, balance (mean over max programs per SM), passes (head blocks), the plan's
+    figures; and the memory model fed by this build: in_flight_B (K/V bytes in flight per program), cache_B, io_B,
+    partial_B, model_s, floor_s, model_pct.
+
+    Under TRITON_INTERPRET=1 (the CPU tests) Triton's compiler cannot run in this process (its code generator would
+    call the interpreter's tl.max, tl.sum and co.), so we compute them in one child process without that variable."""
     configs = [tuple(c) for c in configs]
     missing = [c for c in dict.fromkeys(configs) if c not in _FIGURES]
     if missing and os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
@@ -237,7 +235,7 @@ def table():
 
 def runtime_build(name, B, Lq, S):
     """On a GPU: the runtime's own build of a bench shape, loaded, as {regs, spills, dynamic_smem, ctas_per_sm}, to
-    compare with figures() (the premise of the CPU test)."""
+    compare with figures_many's (the premise of the CPU tests)."""
     import ctypes
     _, grid, args, kwargs, _ = launch(name, B, Lq, S, device="cuda")
     kernel = kernels._decode_split_kernel.warmup(*args, grid=grid, **kwargs)
@@ -250,9 +248,9 @@ def runtime_build(name, B, Lq, S):
 
 
 def write_table(path, columns, rows):
-    """rows under columns as CSV (quoted where a cell holds a comma)."""
-    with open(path, "w") as f:
-        f.writelines(",".join(f'"{x}"' if "," in str(x) else str(x) for x in r) + "\n" for r in [columns] + rows)
+    """rows under columns, as CSV."""
+    with open(path, "w", newline="") as f:
+        csv.writer(f, lineterminator="\n").writerows([columns] + rows)
     print(f"wrote {path}")
 
 

@@ -27,12 +27,14 @@ STEPS, WARMUP = 6, 2
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--preset", default="tiny", choices=list(gla.PRESETS))
-    for flag in ("n_layer", "n_embd", "head_dim"):
-        p.add_argument(f"--{flag}", type=int, help="replace the preset's (default: the preset's)")
+    for flag in ("n_layer", "n_embd", "head_dim", "n_head", "n_kv_head", "vocab_size"):
+        p.add_argument(f"--{flag}", type=int, help="as train.py's (default: the preset's)")
     p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda if available")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], help="autocast dtype (default: bfloat16 on cuda)")
     p.add_argument("--compile", action="store_true", help="torch.compile our models")
     args = p.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda but CUDA is not available here; use --device cpu")
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     ctx = train.Context(device, getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32")))
     try:
@@ -43,7 +45,8 @@ def main(argv=None):
     print(f"training throughput on {machine(device)}, {ctx.dtype}"
           + ("" if "hf" in contenders else "; pip install transformers to compare with HF"))
     print(f"{'model':<20}{'batch':>9}{'ours tok/s':>12}" + (f"{'HF tok/s':>10}{'ours / HF':>11}" * ("hf" in contenders)))
-    shape = {k: getattr(args, k) for k in ("n_layer", "n_embd", "head_dim") if getattr(args, k)}
+    shape = {k: getattr(args, k) for k in ("n_layer", "n_embd", "head_dim", "n_head", "n_kv_head", "vocab_size")
+             if getattr(args, k)}
     for variant in train.VARIANTS:
         for double_heads in (False, True):
             for batch, T in SHAPES:

@@ -646,7 +646,7 @@ def test_sampling_command_bad_input_is_one_line(tmp_path, capsys, monkeypatch):
         ([str(path), "--max_new_tokens", "-1"], {}, "--max_new_tokens must be >= 0"),
         ([str(path), "--prompt", ""], {}, "the prompt is 0 tokens (bytes); it needs 1 to 31"),
         ([str(ids_run), "--prompt", "5 -3"], {}, "prompt token ids must lie in [0, vocab_size=512), got -3 to 5"),
-    ]
+    ] + ([] if torch.cuda.is_available() else [([str(path), "--device", "cuda"], {}, "CUDA is not available here")])
     for argv, env, match in cases:
         for key, value in env.items():
             monkeypatch.setenv(key, value)

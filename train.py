@@ -426,22 +426,27 @@ class Context:
         return t.item() / self.world_size
 
 
-def setup_context(args):
-    """Device, dtype and, under torchrun (RANK/WORLD_SIZE set), the process group."""
-    world = int(os.environ.get("WORLD_SIZE", 1))
+def device_type(args):
+    """"cuda" or "cpu": --device, checked (UsageError), or cuda when available."""
     if args.device not in (None, "cpu", "cuda") and not args.device.startswith("cuda:"):
         raise UsageError(f"--device {args.device}: use cpu or cuda")
     if args.device and args.device.startswith("cuda") and not torch.cuda.is_available():
         raise UsageError(f"--device {args.device} but CUDA is not available here; use --device cpu")
-    device_type = args.device.split(":")[0] if args.device else ("cuda" if torch.cuda.is_available() else "cpu")
-    dtype = getattr(torch, args.dtype or ("bfloat16" if device_type == "cuda" else "float32"))
+    return args.device.split(":")[0] if args.device else ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def setup_context(args):
+    """Device, dtype and, under torchrun (RANK/WORLD_SIZE set), the process group."""
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    kind = device_type(args)
+    dtype = getattr(torch, args.dtype or ("bfloat16" if kind == "cuda" else "float32"))
     if "RANK" not in os.environ:
-        return Context(torch.device(args.device or device_type), dtype)
+        return Context(torch.device(args.device or kind), dtype)
     rank, local = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
-    if device_type == "cuda":
+    if kind == "cuda":
         torch.cuda.set_device(local)
-    dist.init_process_group("nccl" if device_type == "cuda" else "gloo")
-    return Context(torch.device(f"cuda:{local}" if device_type == "cuda" else "cpu"), dtype, rank, world)
+    dist.init_process_group("nccl" if kind == "cuda" else "gloo")
+    return Context(torch.device(f"cuda:{local}" if kind == "cuda" else "cpu"), dtype, rank, world)
 
 
 def lr_at(step, args):
@@ -774,10 +779,7 @@ def sample_runs(args):
         gla.check_sampling(args.temperature, args.top_k)
     except ValueError as e:
         raise UsageError(str(e)) from None
-    cuda = args.device.startswith("cuda") if args.device else torch.cuda.is_available()
-    if cuda and not torch.cuda.is_available():
-        raise UsageError(f"--device {args.device} but CUDA is not available here; use --device cpu")
-    if cuda and world > torch.cuda.device_count():
+    if device_type(args) == "cuda" and world > torch.cuda.device_count():
         raise UsageError(f"--tp {world} on CUDA needs {world} GPUs, found {torch.cuda.device_count()}; "
                          "use --device cpu (gloo) or fewer processes")
     jobs = []

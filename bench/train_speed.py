@@ -33,10 +33,11 @@ def main(argv=None):
     p.add_argument("--dtype", choices=["float32", "bfloat16"], help="autocast dtype (default: bfloat16 on cuda)")
     p.add_argument("--compile", action="store_true", help="torch.compile our models")
     args = p.parse_args(argv)
-    if args.device == "cuda" and not torch.cuda.is_available():
-        p.error("--device cuda but CUDA is not available here; use --device cpu")
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    ctx = train.Context(device, getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32")))
+    try:
+        ctx = train.setup_context(args)  # train.py's device and dtype, checked the same way
+    except train.UsageError as e:
+        p.error(str(e))
+    device = ctx.device
     try:
         import transformers  # noqa: F401
         contenders = ("ours", "hf")

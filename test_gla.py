@@ -1877,22 +1877,131 @@ def test_seed_range_both_ends():
 
 
 def test_a_run_that_cannot_fit_in_memory_is_refused_before_building(tmp_path, text_file, capsys, monkeypatch):
-    # The paper preset on this host (2.9B parameters at 16 bytes each: 46 GB of state alone).
+    # The paper preset on this host: 2.9B parameters need ~46 GB of weights, gradients and AdamW state alone.
     r = subprocess.run([sys.executable, "train.py", "--attn", "gqa", "--preset", "paper", "--data", str(text_file),
-                        "--out_dir", str(tmp_path / "paper")], cwd=REPO, capture_output=True, text=True, timeout=120)
+                        "--out_dir", str(tmp_path / "paper")], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and one_line_error(r.stderr), r.stderr
-    assert "GiB are free" in r.stderr and "--dry_run" in r.stderr
+    assert "GiB are free" in r.stderr and "measured" in r.stderr and "--dry_run" in r.stderr
     assert not list((tmp_path / "paper").glob("*/*/metrics.jsonl"))
-    monkeypatch.setattr(train, "device_memory", lambda device: 10 * 2**20)  # 10 MiB free
-    assert train.cli(["--data", str(text_file), "--out_dir", str(tmp_path / "tiny"), *FAST]) == 2
+    # FAST's gqa: 8 sequences per step. A host with room for a step of 2 sequences, not of 4, is told to
+    # accumulate 4 micro-batches, and that advice runs.
+    config, f32 = gla.make_config("tiny", "gqa", block_size=64), torch.float32
+    two, four, eight = (train.train_peak(config, m, f32, False) for m in (2, 4, 8))
+    assert two < four < eight
+    monkeypatch.setattr(train, "device_memory", lambda device: (two + four) / 2 / (1 - train.MEMORY_MARGIN))
+    argv = ["--data", str(text_file), "--out_dir", str(tmp_path / "tiny"), *FAST, "--max_iters", "2"]
+    assert train.cli(argv) == 2
     err = capsys.readouterr().err
-    assert one_line_error(err) and "0.0 GiB are free" in err, err
-    need = train.memory_floor(gla.make_config("tiny", "gqa", block_size=64), 8, 4, False)
-    monkeypatch.setattr(train, "device_memory", lambda device: 2 * need)  # room for one process, not four
+    assert one_line_error(err) and f"needs {eight / 2**30:.1f} GiB" in err and "--grad_accum 4 (2 sequences" in err
+    assert train.cli([*argv, "--grad_accum", "4"]) == 0
+    monkeypatch.setattr(train, "device_memory", lambda device: 2 * eight)  # room for one process, not four
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")  # as torchrun --nproc_per_node=4 on this host (gloo)
-    assert train.cli(["--data", str(text_file), "--out_dir", str(tmp_path / "four"), *FAST]) == 2
-    assert "(4 process(es):" in capsys.readouterr().err
-    assert 16 * 1_635_584 < need < 16 * 1_635_584 + 8 * 64 * (3 * 2 * 256 * 4 + 4 * 256) + 1
+    assert train.cli([*argv, "--out_dir", str(tmp_path / "four")]) == 2
+    assert "(measured: 4 process(es)" in capsys.readouterr().err
+
+
+def test_measured_peak_memory_counts_what_a_step_holds():
+    config = gla.make_config("tiny", "mla", double_heads=True, n_layer=4, block_size=64)
+    f32, n = torch.float32, train.n_params(config)
+    # Extrapolated from 1 and 2 layers, as a deep model is measured, equals measuring all 4 layers.
+    full = train._tracked_peak(tuple(dataclasses.asdict(config).items()), 4, f32, True)
+    assert abs(train.peak_bytes(config, 4, f32) - full) <= 0.01 * full
+    step, ev = train.peak_bytes(config, 4, f32), train.peak_bytes(config, 4, f32, train=False)
+    # float32 weights and AdamW's two moments, plus the logits (4 x 64 x 256 float32) that the loss needs
+    assert step > 12 * n + 4 * 64 * 256 * 4
+    assert 4 * n + 4 * 64 * 256 * 4 < ev < step
+    assert train.peak_bytes(config, 8, f32) > step  # activations grow with the micro-batch
+    assert train.peak_bytes(config, 4, torch.bfloat16) < step  # bf16 activations
+    assert train.train_peak(config, 4, f32, True) == step + 4 * n  # DDP's float32 gradient buckets
+
+
+def test_dry_run_plans_peaks_and_the_largest_micro_batch(capsys):
+    argv = ["--attn", "gla2", "--double_heads", "--dry_run", "--block_size", "64", "--batch_size", "48",
+            "--world_size", "4", "--grad_accum", "3"]
+    assert train.cli(argv) == 0
+    line = json.loads(capsys.readouterr().out)
+    config = gla.make_config("tiny", "gla2", double_heads=True, block_size=64)
+    bf16 = torch.bfloat16  # planned for GPUs unless --device cpu
+    assert line["run"] == "gla2_double_heads" and line["world_size"] == 4 and line["micro_batch"] == 4
+    assert line["peak_train_bytes"] == train.train_peak(config, 4, bf16, True)
+    assert line["peak_eval_bytes"] == train.peak_bytes(config, 4, bf16, train=False)
+    # A device with room for 5 sequences per micro-batch: 12 per process -> the largest divisor that fits is 4.
+    five, six = (train.train_peak(config, m, bf16, True) for m in (5, 6))
+    gib = (five + six) / 2 / (1 - train.MEMORY_MARGIN) / 2**30
+    assert train.cli([*argv, "--device_memory", str(gib)]) == 0
+    line = json.loads(capsys.readouterr().out)
+    assert line["max_micro_batch"] == 4 and line["grad_accum"] == 3
+    assert train.cli([*argv, "--device_memory", "1e-6"]) == 0
+    assert json.loads(capsys.readouterr().out)["max_micro_batch"] == 0
+    assert train.cli(["--device_memory", "80"]) == 2  # only with --dry_run
+    assert "--dry_run" in capsys.readouterr().err
+
+
+def test_evaluation_runs_in_training_micro_batches(text_file):
+    data = train.TokenData.load(str(text_file), None)
+    model = gla.GPT(gla.make_config("tiny", "gqa", block_size=32)).eval()
+    seen = []
+    model.register_forward_pre_hook(lambda module, inputs: seen.append(inputs[0].shape[0]))
+    ctx = train.Context(torch.device("cpu"), torch.float32)
+    args = train.get_args(["--batch_size", "8", "--eval_iters", "3"])
+    whole = train.evaluate(model, data, args, ctx, 32)
+    assert seen == [8] * 3
+    seen.clear()
+    args.grad_accum = 4
+    assert abs(train.evaluate(model, data, args, ctx, 32) - whole) < 1e-5
+    assert seen == [2] * 12  # never more sequences in one forward than a training micro-step
+
+
+def test_sequential_data_order_reads_each_process_its_own_shards_in_order(tmp_path):
+    d = tmp_path / "fineweb"
+    d.mkdir()
+    for i in range(4):  # shard i holds 100 i + 0, 1, 2, ...: a window shows its shard and position
+        write_tokens(d / f"fw_train_{i:06d}.bin", 100 * i + np.arange(97), [20240520, 1, 97])
+    write_tokens(d / "fw_val_000000.bin", np.arange(200) % 50, [20240520, 1, 200])
+    data = train.TokenData.load(str(d), None)
+    assert data.windows("train", 32).tolist() == [3, 3, 3, 3]
+    for rank in (0, 1):  # 2 processes x 2 sequences per step
+        starts = [int(x[row, 0]) for step in range(4)
+                  for x in [data.batch("train", step, 4, 32, 0, rank, 2, order="sequential")[0]] for row in (0, 1)]
+        mine = [100 * shard + 32 * w for shard in (rank, rank + 2) for w in range(3)]  # shards r, r + 2, in order
+        assert starts == mine + mine[:2]  # then the next pass, in the same order
+    args = train.get_args(["--data_order", "sequential", "--max_iters", "3", "--batch_size", "4"])
+    assert train.check_passes(args, data, 32, 2).endswith("= 1.00 passes over 384")
+    assert train.check_passes(train.get_args(["--max_iters", "3", "--batch_size", "4"]), data, 32, 2).startswith(
+        "384 tokens per run = 1.00 passes")
+    with pytest.raises(train.UsageError, match="--data_order permuted"):
+        train.check_passes(args, data, 32, 8)  # 8 processes, 4 shards
+
+
+def test_only_rank_zero_reads_and_checks_the_data(text_file, monkeypatch):
+    sent = []
+    monkeypatch.setattr(train.dist, "broadcast_object_list", lambda objs, src: objs.__setitem__(
+        slice(None), [None, "f00d", "passes from rank 0"]) or sent.append(src))
+    monkeypatch.setattr(train.TokenData, "check", lambda *a: pytest.fail("rank 1 scanned the data"))
+    monkeypatch.setattr(train.hashlib, "sha256", lambda *a: pytest.fail("rank 1 hashed the data"))
+    args = train.get_args(["--data", str(text_file)])
+    ctx = train.Context(torch.device("cpu"), torch.float32, rank=1, world_size=2)
+    data, passes = train.load_data(args, ctx, 64, 256)
+    assert sent == [0] and data.fingerprint == "f00d" and passes == "passes from rank 0"
+    monkeypatch.setattr(train.dist, "broadcast_object_list", lambda objs, src: objs.__setitem__(
+        slice(None), ["rank 0 found a bad token", None, None]))
+    with pytest.raises(train.UsageError, match="rank 0 found a bad token"):
+        train.load_data(args, ctx, 64, 256)
+
+
+def test_errors_under_torchrun_name_their_rank(capsys, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("RANK", "3")
+    assert train.cli(["--batch_size", "6"]) == 2  # 6 sequences cannot be split over 4 processes
+    err = capsys.readouterr().err
+    assert one_line_error(err) and err.startswith("train.py: error: rank 3: --batch_size 6"), err
+
+
+def test_resume_refuses_another_autocast_dtype(tmp_path, text_file, capsys):
+    argv = ["--data", str(text_file), "--out_dir", str(tmp_path), *FAST, "--max_iters", "2"]
+    assert train.cli(argv) == 0
+    assert train.cli([*argv, "--resume", "--max_iters", "4", "--dtype", "bfloat16"]) == 2
+    assert "train.dtype: 'float32' -> 'bfloat16'" in capsys.readouterr().err
 
 
 def test_grad_accum_matches_one_big_batch(tmp_path, text_file):

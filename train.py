@@ -38,11 +38,14 @@ import tempfile
 import threading
 import time
 import typing
+import warnings
 from contextlib import nullcontext
 
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.distributed._tools.mem_tracker import MemTracker
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
@@ -119,7 +122,14 @@ def get_args(argv=None):
                    help="--preset paper: train even if the run reads its training data more than once")
     p.add_argument("--resume", action="store_true", help="continue each run from its checkpoint")
     p.add_argument("--overwrite", action="store_true", help="start runs over even if they have a checkpoint")
-    p.add_argument("--dry_run", action="store_true", help="print each run's model summary as JSON and exit")
+    p.add_argument("--data_order", default="permuted", choices=["permuted", "sequential"],
+                   help="permuted: windows without replacement in a keyed order; sequential: each process reads its "
+                        "training shards in order, as the MLRA release's loader does")
+    p.add_argument("--dry_run", action="store_true", help="print each run's shapes and measured peak memory as "
+                                                          "JSON lines and exit, without data or training")
+    p.add_argument("--world_size", type=int, help="--dry_run: plan for this many processes (default: WORLD_SIZE)")
+    p.add_argument("--device_memory", type=float, metavar="GIB",
+                   help="--dry_run: also report the largest micro-batch that fits a device of GIB GiB")
     g = p.add_argument_group("sampling: python train.py --sample RUN [RUN ...] --prompt TEXT (under torchrun "
                              "--nproc_per_node=N with --tp N: tensor-parallel)")
     g.add_argument("--sample", nargs="+", metavar="RUN", help="sample from these runs (ckpt.pt or its folder) in "
@@ -134,7 +144,7 @@ def get_args(argv=None):
         if getattr(args, key) is None:
             setattr(args, key, value)
     for key in ("max_iters", "batch_size", "grad_accum", "eval_interval", "eval_iters", "ckpt_interval", "seeds",
-                "jobs", *MODEL_FLAGS):
+                "jobs", "world_size", "device_memory", *MODEL_FLAGS):
         value = getattr(args, key)
         if value is not None and value <= 0:
             p.error(f"--{key} must be positive, got {value}")
@@ -147,6 +157,8 @@ def get_args(argv=None):
         p.error(f"--weight_decay must be a finite number >= 0, got {args.weight_decay}")
     if args.max_new_tokens is not None and args.max_new_tokens < 0:
         p.error(f"--max_new_tokens must be >= 0, got {args.max_new_tokens}")
+    if (args.world_size or args.device_memory) and not args.dry_run:
+        p.error("--world_size and --device_memory plan a --dry_run; pass --dry_run (torchrun sets the real world size)")
     if args.resume and args.overwrite:
         p.error("--resume and --overwrite contradict each other; pass one")
     if not (0 <= args.seed and args.seed + args.seeds <= 2**32):
@@ -269,21 +281,22 @@ class TokenData:
         self.n_tokens = {name: sum(len(a) for a in arrays) for name, arrays in self.splits.items()}
 
     @classmethod
-    def load(cls, spec, cache_dir):
+    def load(cls, spec, cache_dir, fingerprint=None):
         """spec None: the stdlib corpus (cached in cache_dir); a text file (bytes,
-        90/10 split); a folder with train.bin/val.bin; a folder of llm.c shards."""
+        90/10 split); a folder with train.bin/val.bin; a folder of llm.c shards.
+        fingerprint: the data's, when another process has computed it (not read again)."""
         if spec is None:
             check_out_dir(cache_dir)
             path = pathlib.Path(cache_dir) / "stdlib_corpus.txt"
             if not path.exists():
                 text = stdlib_corpus()
                 atomic_write({path: lambda f: f.write(text)})
-            return cls._from_bytes(path.read_bytes(), f"stdlib corpus ({path})")
+            return cls._from_bytes(path.read_bytes(), f"stdlib corpus ({path})", fingerprint)
         path = pathlib.Path(spec)
         if path.is_file() and path.suffix == ".bin":
             raise UsageError(f"--data {spec}: token files are read from their folder; pass --data {path.parent}")
         if path.is_file():
-            return cls._from_bytes(path.read_bytes(), f"text file {path}")
+            return cls._from_bytes(path.read_bytes(), f"text file {path}", fingerprint)
         if not path.is_dir():
             raise UsageError(f"--data {spec}: no such file or folder")
         if (path / "train.bin").is_file() and (path / "val.bin").is_file():
@@ -294,6 +307,8 @@ class TokenData:
                 raise UsageError(f"--data {spec}: the folder has neither train.bin/val.bin nor "
                                  "*_train_*.bin/*_val_*.bin shards")
             train, val = [read_shard(p) for p in train], [read_shard(p) for p in val]
+        if fingerprint:
+            return cls(train, val, f"token files in {path}", fingerprint)
         # Hashing 20 GB of shards at every start is too slow; names, sizes and the
         # first and last MiB of each file catch a swapped or regenerated dataset.
         digest = hashlib.sha256()
@@ -307,12 +322,12 @@ class TokenData:
         return cls(train, val, f"token files in {path}", digest.hexdigest()[:16])
 
     @classmethod
-    def _from_bytes(cls, raw, source):
+    def _from_bytes(cls, raw, source, fingerprint=None):
         if not raw:
             raise UsageError(f"{source} is empty")
         data = np.frombuffer(raw, dtype=np.uint8)
         n_train = int(0.9 * len(data))
-        return cls([data[:n_train]], [data[n_train:]], source, hashlib.sha256(raw).hexdigest()[:16])
+        return cls([data[:n_train]], [data[n_train:]], source, fingerprint or hashlib.sha256(raw).hexdigest()[:16])
 
     def check(self, block_size, vocab_size):
         """UsageError if a split is shorter than one block + 1 or holds a token id >=
@@ -333,7 +348,7 @@ class TokenData:
         window's last token is the next one's first, as llm.c's loader reads)."""
         return np.array([max(len(a) - 1, 0) // block_size for a in self.splits[split]], dtype=np.int64)
 
-    def batch(self, split, step, batch_size, block_size, seed, rank=0, world_size=1):
+    def batch(self, split, step, batch_size, block_size, seed, rank=0, world_size=1, order="permuted"):
         """Inputs and next-token targets of process `rank`'s share of a global batch:
         rows [rank B/W, (rank+1) B/W) of it, (batch_size // world_size, block_size)
         int64 each, on CPU.
@@ -346,15 +361,23 @@ class TokenData:
         reads them in a new order. A pure function of (split, step, seed): every run
         draws the same windows at the same step, the processes' shares are disjoint and
         each reads only its own, and resuming needs no state.
+
+        order "sequential" reads as the MLRA release's loader does: process r takes the
+        arrays (shards) r, r + W, r + 2W, ... and reads their windows in order, its row i
+        of the run being window i mod N_r of its own N_r (check_passes refuses a process
+        without one).
         """
         arrays, counts = self.splits[split], self.windows(split, block_size)
-        n = int(counts.sum())
-        j = step * batch_size + np.arange(rank * (batch_size // world_size), (rank + 1) * (batch_size // world_size))
-        passes, k = np.divmod(j, n)
-        window = np.empty_like(k)
-        for p in np.unique(passes):  # a batch spans several passes only if it outnumbers the windows
-            key = (seed, split == "val", int(p))
-            window[passes == p] = permute(k[passes == p], n, key)
+        per = batch_size // world_size
+        if order == "sequential":
+            arrays, counts = arrays[rank::world_size], counts[rank::world_size]
+            window = (step * per + np.arange(per)) % int(counts.sum())
+        else:
+            n = int(counts.sum())
+            passes, k = np.divmod(step * batch_size + np.arange(rank * per, (rank + 1) * per), n)
+            window = np.empty_like(k)
+            for p in np.unique(passes):  # a batch spans several passes only if it outnumbers the windows
+                window[passes == p] = permute(k[passes == p], n, (seed, split == "val", int(p)))
         ends = np.cumsum(counts)
         which = np.searchsorted(ends, window, side="right")
         offsets = (window - (ends - counts)[which]) * block_size
@@ -478,11 +501,12 @@ def make_optimizer(model, args):
     return torch.optim.AdamW(groups, lr=args.learning_rate, betas=(0.9, 0.95), fused=fused)
 
 
-def run_spec(args, config, data):
-    """What a run is: resuming under any other spec is refused."""
+def run_spec(args, config, data, dtype):
+    """What a run is: resuming under any other spec is refused. dtype: its autocast dtype."""
     train = {k: getattr(args, k) for k in ("preset", "max_iters", "batch_size", "grad_accum", "learning_rate",
                                            "warmup_iters", "weight_decay", "decay", "grad_clip", "eval_interval",
-                                           "eval_iters", "seed")}
+                                           "eval_iters", "seed", "data_order")}
+    train["dtype"] = str(dtype).removeprefix("torch.")
     # The data is identified by its content (fingerprint), not by its path, so a
     # moved or relatively-named folder still resumes.
     return {"model": dataclasses.asdict(config), "train": train, "data": {"fingerprint": data.fingerprint}}
@@ -550,28 +574,35 @@ def read_metrics(path, up_to_iter):
     return rows
 
 
+def micro_batches(x, y, n, device):
+    """The n equal micro-batches of this process's share (x, y) of a batch, moved to device: no forward, in
+    training or evaluation, sees more sequences than one micro-batch (the memory check measures that much)."""
+    micro = x.size(0) // n
+    return [(x[m * micro:(m + 1) * micro].to(device), y[m * micro:(m + 1) * micro].to(device)) for m in range(n)]
+
+
 @torch.no_grad()
 def evaluate(model, data, args, ctx, block_size):
-    """Mean loss on the fixed validation batches 0..eval_iters-1, shared by every run."""
+    """Mean loss on the fixed validation batches 0..eval_iters-1, shared by every run, in grad_accum
+    micro-batches each (equal sizes, so the mean of their means is the batch's mean)."""
     model.eval()
     total = 0.0
     for k in range(args.eval_iters):
         x, y = data.batch("val", k, args.batch_size, block_size, args.seed, ctx.rank, ctx.world_size)
-        with ctx.autocast():
-            _, loss = model(x.to(ctx.device), y.to(ctx.device))
-        total += loss.item()
+        for xb, yb in micro_batches(x, y, args.grad_accum, ctx.device):
+            with ctx.autocast():
+                _, loss = model(xb, yb)
+            total += loss.item()
     model.train()
-    return ctx.all_mean(total / args.eval_iters)
+    return ctx.all_mean(total / (args.eval_iters * args.grad_accum))
 
 
 def train_step(model, x, y, args, ctx):
     """Forward and backward of this process's share (x, y) of one step's batch, in
     grad_accum micro-batches (DDP averages the gradients on the last one).
     Returns the step's mean loss over all processes."""
-    micro = x.size(0) // args.grad_accum
     total = 0.0
-    for m in range(args.grad_accum):
-        xb, yb = x[m * micro:(m + 1) * micro].to(ctx.device), y[m * micro:(m + 1) * micro].to(ctx.device)
+    for m, (xb, yb) in enumerate(micro_batches(x, y, args.grad_accum, ctx.device)):
         last = m == args.grad_accum - 1
         with ctx.autocast(), (nullcontext() if last or ctx.world_size == 1 else model.no_sync()):
             _, loss = model(xb, yb)
@@ -586,7 +617,7 @@ def train_run(args, variant, double_heads, data, ctx, log):
     folder = run_dir(args.out_dir, variant, double_heads, args.seed)
     name = f"{run_name(variant, double_heads)} seed {args.seed}"
     config = model_config(args, variant, double_heads)
-    spec = run_spec(args, config, data)
+    spec = run_spec(args, config, data, ctx.dtype)
     ckpt_path, metrics_path = folder / "ckpt.pt", folder / "metrics.jsonl"
 
     torch.manual_seed(args.seed)  # same init for every process and every resume
@@ -654,7 +685,8 @@ def train_run(args, variant, double_heads, data, ctx, log):
             lr = lr_at(step, args)
             for group in optimizer.param_groups:
                 group["lr"] = lr
-            x, y = data.batch("train", step, args.batch_size, config.block_size, args.seed, ctx.rank, ctx.world_size)
+            x, y = data.batch("train", step, args.batch_size, config.block_size, args.seed, ctx.rank, ctx.world_size,
+                              args.data_order)
             step_loss = train_step(train_model, x, y, args, ctx)
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip).item()
             if not math.isfinite(step_loss) or not math.isfinite(grad_norm):
@@ -856,10 +888,12 @@ def main(argv=None):
     if args.sample:
         return sample_runs(args)
     configs = [model_config(args, v, d) for v, d in models]  # ConfigError before anything is written
+    world = args.world_size or int(os.environ.get("WORLD_SIZE", 1))
+    if args.batch_size % (world * args.grad_accum):
+        raise UsageError(f"--batch_size {args.batch_size} is not divisible by {world} process(es) x "
+                         f"--grad_accum {args.grad_accum}; pick a multiple")
     if args.dry_run:
-        for (v, d), config in zip(models, configs):
-            print(json.dumps(summary(config, v, d, args.preset)))
-        return 0
+        return dry_run(args, models, configs, world)
     runs = runs_of(args)
     if not (args.resume or args.overwrite):  # a forgotten --resume must not discard days of training
         for run in runs:
@@ -867,20 +901,12 @@ def main(argv=None):
             if (folder / "ckpt.pt").exists():
                 raise UsageError(f"{folder} already holds a trained run; "
                                  "pass --resume to continue it, --overwrite to start over, or another --out_dir")
-    world = int(os.environ.get("WORLD_SIZE", 1))
-    if args.batch_size % (world * args.grad_accum):
-        raise UsageError(f"--batch_size {args.batch_size} is not divisible by {world} process(es) x "
-                         f"--grad_accum {args.grad_accum}; pick a multiple")
     ctx = setup_context(args)
     jobs = jobs_of(args, ctx)
     check_memory(args, configs, ctx, jobs)
     log = tqdm.write if ctx.master else (lambda msg: None)
-    # Every process checks and loads the same data (the corpus cache is written
-    # atomically, so concurrent builds are safe): a bad input stops all of them alike.
-    data = TokenData.load(args.data, args.out_dir)
     block_size = configs[0].block_size  # one for every run: the preset's or --block_size
-    data.check(block_size, min(c.vocab_size for c in configs))
-    passes = check_passes(args, data, block_size)
+    data, passes = load_data(args, ctx, block_size, min(c.vocab_size for c in configs))
     check_out_dir(args.out_dir)
     where = f"{jobs} processes of {ctx.threads // jobs} threads" if jobs > 1 else f"{ctx.world_size} process(es)"
     log(f"data: {data.source}, {data.n_tokens['train']:,} train / {data.n_tokens['val']:,} val tokens, "
@@ -901,6 +927,46 @@ def main(argv=None):
     return 0
 
 
+def dry_run(args, models, configs, world):
+    """--dry_run: a JSON line per run: its shapes, and for `world` processes the measured peak bytes of a training
+    step (train_peak) and of an evaluation at its micro-batch; with --device_memory, the largest micro-batch whose
+    peaks fit such a device less MEMORY_MARGIN, and its --grad_accum. Plans bf16 autocast on GPUs unless --device
+    cpu or --dtype says otherwise."""
+    per_process = args.batch_size // world
+    micro, dtype = per_process // args.grad_accum, getattr(torch, args.dtype or (
+        "float32" if args.device == "cpu" else "bfloat16"))
+    for (v, d), config in zip(models, configs):
+        line = dict(run=run_name(v, d), **summary(config, v, d, args.preset), world_size=world, micro_batch=micro,
+                    dtype=str(dtype).removeprefix("torch."), peak_train_bytes=train_peak(config, micro, dtype, world > 1),
+                    peak_eval_bytes=peak_bytes(config, micro, dtype, train=False))
+        if args.device_memory:
+            fit = largest_micro_batch(config, per_process, dtype, world > 1,
+                                      (1 - MEMORY_MARGIN) * args.device_memory * 2**30)
+            line.update(device_memory_gib=args.device_memory, max_micro_batch=fit,
+                        grad_accum=per_process // fit if fit else None)
+        print(json.dumps(line), flush=True)
+    return 0
+
+
+def load_data(args, ctx, block_size, vocab_size):
+    """This process's TokenData and the check_passes line. Rank 0 alone loads, scans (TokenData.check) and
+    fingerprints the data; the others take its verdict, so a bad input stops every rank alike (UsageError), and
+    then map the same files without reading them."""
+    verdict = [None, None, None]  # error, fingerprint, passes
+    if ctx.master:
+        try:
+            data = TokenData.load(args.data, args.out_dir)
+            data.check(block_size, vocab_size)
+            verdict = [None, data.fingerprint, check_passes(args, data, block_size, ctx.world_size)]
+        except UsageError as e:
+            verdict[0] = str(e)
+    if ctx.world_size > 1:
+        dist.broadcast_object_list(verdict, src=0)
+    if verdict[0]:
+        raise UsageError(verdict[0])
+    return data if ctx.master else TokenData.load(args.data, args.out_dir, verdict[1]), verdict[2]
+
+
 def human(n):
     """98.3B, 819K: a count in three significant digits (999,600 is 1M, not 1e+03K)."""
     for scale, unit in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
@@ -909,13 +975,21 @@ def human(n):
     return str(n)
 
 
-def check_passes(args, data, block_size):
+def check_passes(args, data, block_size, world_size=1):
     """'98.3B tokens per run = 0.98 passes over 99.6B': what each run reads of the training
-    split. The paper's runs read FineWeb-Edu 100BT once; under --preset paper a run that
-    would read its data again is refused (UsageError) unless --allow_repeats."""
+    split (--data_order sequential: the process with the fewest windows of its own shards
+    sets the passes). The paper's runs read FineWeb-Edu 100BT once; under --preset paper a
+    run that would read its data again is refused (UsageError) unless --allow_repeats."""
     tokens = args.max_iters * args.batch_size * block_size
-    pass_tokens = int(data.windows("train", block_size).sum()) * block_size
+    counts = data.windows("train", block_size)
+    pass_tokens = int(counts.sum()) * block_size
     passes = tokens / pass_tokens
+    if args.data_order == "sequential":
+        if len(counts) < world_size or min(counts[r::world_size].sum() for r in range(world_size)) == 0:
+            raise UsageError(f"--data_order sequential gives each of the {world_size} processes shards of its own, "
+                             f"but {data.source} has {len(counts)} training file(s) with windows of {block_size + 1} "
+                             "tokens for fewer processes; use more shards or --data_order permuted")
+        passes = max(tokens / world_size / (counts[r::world_size].sum() * block_size) for r in range(world_size))
     if args.preset == "paper" and passes > 1 and not args.allow_repeats:
         raise UsageError(f"--preset paper reads its training data once, as the paper does, but {human(tokens)} "
                          f"tokens per run are {passes:.2f} passes over the {human(pass_tokens)} of {data.source}; "
@@ -923,20 +997,68 @@ def check_passes(args, data, block_size):
     return f"{human(tokens)} tokens per run = {passes:.2f} passes over {human(pass_tokens)}"
 
 
-# Per parameter: float32 weight and gradient, AdamW's two float32 moments; DDP keeps one
-# more float32 copy of the gradients in its buckets.
-STATE_BYTES_PER_PARAM, DDP_BYTES_PER_PARAM = 16, 4
+# ----------------------------------------------------------------------------
+# Memory, measured before anything is built
+
+# Kept free of the device's memory for what fake tensors cannot see: the CUDA caching allocator's
+# fragmentation, cuBLAS / NCCL workspaces, torch.compile's own buffers.
+MEMORY_MARGIN = 0.10
+DDP_BYTES_PER_PARAM = 4  # DDP's gradient buckets: a float32 copy of every gradient
 
 
-def memory_floor(config, micro_batch, act_bytes, ddp):
-    """Bytes a training process needs at least: its parameters' state, plus a floor on the
-    activations of one micro-batch kept for the backward pass (the residual stream and
-    the normalised inputs of attention and MLP: 3 x n_embd values per token per layer, in
-    the compute dtype of act_bytes each; and the float32 logits of the loss). The real
-    use is several times the activation floor: we refuse only runs that cannot fit."""
-    states = (STATE_BYTES_PER_PARAM + (DDP_BYTES_PER_PARAM if ddp else 0)) * n_params(config)
-    tokens = micro_batch * config.block_size
-    return states + tokens * (3 * config.n_layer * config.n_embd * act_bytes + 4 * config.vocab_size)
+def peak_bytes(config, micro_batch, dtype, train=True):
+    """Peak bytes one process holds for one training step of micro_batch sequences (forward, backward, gradient
+    clipping and a fused AdamW step whose state already exists: weights, gradients, state, activations and
+    temporaries) or, train=False, for one evaluation forward; dtype: the autocast dtype (torch.float32: none).
+    Measured by PyTorch's MemTracker on fake tensors: every op sees real shapes and dtypes, nothing is allocated or
+    computed, so a CPU measures what a GPU will hold (eager mode; DDP's buckets are not included)."""
+    if config.n_layer <= 2:
+        return _tracked_peak(tuple(dataclasses.asdict(config).items()), micro_batch, dtype, train)
+    # Every layer adds the same bytes, and the tracker slows down with depth: measure 1 and 2 layers.
+    one, two = (peak_bytes(dataclasses.replace(config, n_layer=n), micro_batch, dtype, train) for n in (1, 2))
+    return one + (config.n_layer - 1) * (two - one)
+
+
+@functools.lru_cache(maxsize=None)
+def _tracked_peak(fields, micro_batch, dtype, train):
+    config = gla.GPTConfig(**dict(fields))
+    with FakeTensorMode(), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "Mismatch dtype between input and weight")  # RMSNorm under bf16 autocast
+        model = gla.GPT(config)
+        x = torch.zeros(micro_batch, config.block_size, dtype=torch.int64)
+        optimizer = torch.optim.AdamW(model.parameters(), fused=True)
+        if train:  # AdamW's state as after the first step
+            for p in model.parameters():
+                p.grad = torch.zeros_like(p)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        tracker = MemTracker()
+        tracker.track_external(model, optimizer, x)
+        with tracker, torch.autocast("cpu", dtype, enabled=dtype != torch.float32), torch.set_grad_enabled(train):
+            _, loss = model(x, x)
+            if train:
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+        return tracker.get_tracker_snapshot("peak")[x.device]["Total"]
+
+
+def train_peak(config, micro_batch, dtype, ddp):
+    """peak_bytes of a training step, plus DDP's gradient buckets under DDP."""
+    return peak_bytes(config, micro_batch, dtype) + (DDP_BYTES_PER_PARAM * n_params(config) if ddp else 0)
+
+
+def largest_micro_batch(config, per_process, dtype, ddp, budget):
+    """The largest micro-batch, a divisor of per_process sequences, whose training step and evaluation both peak
+    within budget bytes (0 if none). Peaks grow linearly with the micro-batch: measured at 1 and 2 sequences, the
+    line gives the candidate, which is then measured itself (and the next divisor down, while it does not fit)."""
+    one, two = train_peak(config, 1, dtype, ddp), train_peak(config, 2, dtype, ddp)
+    guess = 1 + (budget - one) // max(two - one, 1)
+    for m in (d for d in range(per_process, 0, -1) if per_process % d == 0 and d <= max(guess, 1)):
+        if max(train_peak(config, m, dtype, ddp), peak_bytes(config, m, dtype, train=False)) <= budget:
+            return m
+    return 0
 
 
 def device_memory(device):
@@ -951,19 +1073,23 @@ def device_memory(device):
 
 
 def check_memory(args, configs, ctx, jobs):
-    """UsageError (one line) when the largest run's memory_floor, times the processes that share the device (on a
-    CPU: the --jobs workers, or the torchrun processes of this host), exceeds what it has free: before any model is
-    built, so a run that cannot fit fails at once instead of being killed minutes in."""
-    micro = args.batch_size // ctx.world_size // args.grad_accum
-    act_bytes = 2 if ctx.dtype in (torch.bfloat16, torch.float16) else 4
+    """UsageError (one line) when the largest run's measured training peak, times the processes that share the
+    device (on a CPU: the --jobs workers, or the torchrun processes of this host), exceeds its free memory less
+    MEMORY_MARGIN: before any model is built, so a run that cannot fit fails at once, not hours in."""
+    per_process = args.batch_size // ctx.world_size
+    micro, ddp = per_process // args.grad_accum, ctx.world_size > 1
     sharing = jobs * int(os.environ.get("LOCAL_WORLD_SIZE", 1)) if ctx.device.type == "cpu" else 1
-    need = sharing * max(memory_floor(c, micro, act_bytes, ctx.world_size > 1) for c in configs)
-    have = device_memory(ctx.device)
-    if need > have:
-        raise UsageError(f"this run needs at least {need / 2**30:.1f} GiB on {ctx.device} ({sharing} process(es): "
-                         f"weights, gradients and AdamW state at {STATE_BYTES_PER_PARAM} bytes per parameter, plus "
-                         f"activations of {micro} sequences) but {have / 2**30:.1f} GiB are free; use GPUs with more "
-                         "memory, a larger --grad_accum, fewer --jobs, a smaller --preset, or --dry_run for the shapes")
+    worst = max(configs, key=lambda c: train_peak(c, micro, ctx.dtype, ddp))
+    need, have = sharing * train_peak(worst, micro, ctx.dtype, ddp), device_memory(ctx.device)
+    budget = (1 - MEMORY_MARGIN) * have
+    if need > budget:
+        fit = largest_micro_batch(worst, per_process, ctx.dtype, ddp, budget / sharing)
+        advice = (f"--grad_accum {per_process // fit} ({fit} sequences per micro-batch) would fit" if fit else
+                  "not even one sequence per micro-batch fits: use GPUs with more memory or a smaller model")
+        raise UsageError(f"this run needs {need / 2**30:.1f} GiB on {ctx.device} (measured: {sharing} process(es), "
+                         f"a training step of {micro} sequences) but {have / 2**30:.1f} GiB are free, "
+                         f"{100 * MEMORY_MARGIN:.0f}% of it kept in reserve; {advice} (or fewer --jobs; "
+                         "--dry_run --device_memory GIB plans without training)")
 
 
 def jobs_of(args, ctx):
@@ -1016,13 +1142,13 @@ def train_seed_process(args, seed, ctx):
 
 
 def cli(argv=None):
-    """main() with bad input reported as one line on stderr: exit status 2 for
-    usage and data errors, 1 for a diverged run."""
+    """main() with bad input reported as one line on stderr (under torchrun, by every
+    rank, with its rank): exit status 2 for usage and data errors, 1 for a diverged run."""
     try:
         return main(argv)
     except (UsageError, gla.ConfigError, Diverged) as e:
-        if os.environ.get("RANK", "0") == "0":  # under torchrun every rank fails alike; one says so
-            print(f"train.py: error: {e}", file=sys.stderr)
+        rank = f"rank {os.environ['RANK']}: " if int(os.environ.get("WORLD_SIZE", 1)) > 1 else ""
+        print(f"train.py: error: {rank}{e}", file=sys.stderr)
         return 1 if isinstance(e, Diverged) else 2
 
 

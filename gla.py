@@ -25,15 +25,21 @@ Einsum letters: b batch, t position (queries; the cached keys in a prompt), g KV
 within its group (query head h = g * n_head / n_groups + k), d per-head feature, r latent dims of one latent head.
 """
 
+import functools
+import json
 import math
+import pathlib
 import re
-from dataclasses import dataclass, replace
-from typing import NamedTuple
+import warnings
+from dataclasses import asdict, dataclass, replace
+from typing import Callable, NamedTuple
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.distributed._tools.mem_tracker import MemTracker
 
 from kernels import MAX_LQ, decode_attention, decode_attention_ref
 
@@ -636,3 +642,118 @@ def load_state(model, state_dict):
     if problems:
         raise ValueError("the weights do not fit this model (" + "; ".join(problems) + ")")
     model.load_state_dict(clean)
+
+
+# ----------------------------------------------------------------------------
+# A trained run (train.py's ckpt.pt): loading it for decoding, and the text it reads and writes
+
+
+class Codec(NamedTuple):
+    """How a run's prompt becomes token ids (encode: str -> list of int) and its ids become text (decode)."""
+
+    name: str
+    encode: Callable[[str], list]
+    decode: Callable[[list], str]
+
+
+def _bytes_to_text(ids):
+    # Invalid UTF-8 (a half-learned character) shows as \xNN escapes, so nothing drawn is hidden; ids past 255 (a
+    # byte-level run with a padded vocabulary can draw them) as <id>.
+    return b"".join(bytes([i]) if i < 256 else f"<{i}>".encode() for i in ids).decode(errors="backslashreplace")
+
+
+def _parse_ids(prompt):
+    try:
+        return [int(t) for t in prompt.split()]
+    except ValueError:
+        raise ConfigError("this run reads GPT-2 token ids and tiktoken is not installed: give --prompt as ids, "
+                         "e.g. --prompt '464 2068 7586'") from None
+
+
+def text_codec(config, source=None):
+    """The Codec of a run whose data source (TokenData.source, in its config.json) is `source` (None: unknown).
+    The default corpus and text files are bytes; token files hold GPT-2 ids, which tiktoken turns into text if it
+    is installed (not a dependency), else they are printed as numbers. Without a source, 256 tokens mean bytes."""
+    if config.vocab_size == 256 if source is None else not source.startswith("token files"):
+        return Codec("bytes", lambda text: list(text.encode()), _bytes_to_text)
+    try:
+        import tiktoken
+
+        enc = tiktoken.get_encoding("gpt2")
+        return Codec("GPT-2 BPE (tiktoken)", enc.encode, enc.decode)
+    except Exception:  # not installed, or its vocabulary file cannot be fetched (offline)
+        return Codec("GPT-2 token ids", _parse_ids, lambda ids: " ".join(map(str, ids)))
+
+
+def load_run(path):
+    """(GPTConfig, state dict, Codec) of a run, from its ckpt.pt or its folder; memory-mapped, so only the weights
+    we load are read. Raises ConfigError (one line) for a missing or unreadable checkpoint."""
+    path = pathlib.Path(path)
+    path = path / "ckpt.pt" if path.is_dir() else path
+    if not path.is_file():
+        raise ConfigError(f"no checkpoint at {path}; pass a run's ckpt.pt or its folder "
+                         "(<out_dir>/<run>/seed<seed>)")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        config, state = GPTConfig(**ckpt["config"]["model"]), ckpt["model"]
+    except Exception as e:  # truncated, not a checkpoint, or not train.py's
+        first_line = (str(e).strip().splitlines() or [""])[0]
+        raise ConfigError(f"cannot read {path} as a train.py checkpoint ({type(e).__name__}: {first_line})") from None
+    info = path.with_name("config.json")
+    source = json.loads(info.read_text()).get("data", {}).get("source") if info.is_file() else None
+    return config, state, text_codec(config, source)
+
+
+def cache_report(model, full, rank, tp, length):
+    """One line: what rank of tp holds of the full model (config `full`) and its KV cache at `length` tokens."""
+    share = tp_share(full, rank, tp)
+    span = lambda noun, r: f"{noun}s {r.start}-{r.stop - 1}" if len(r) > 1 else f"{noun} {r.start}"  # noqa: E731
+    caches = [block.attn.cache for block in model.blocks]
+    nbytes = sum(c.k_cache[:, :, :length].nbytes + c.v_cache[:, :, :length].nbytes for c in caches)
+    return (f"rank {rank}/{tp}: {span('query head', share.heads)} of {full.n_head}, "
+            f"{span('KV head' if full.attn == 'gqa' else 'latent head', share.groups)} of {full.n_groups}, "
+            f"{span('MLP column', share.ffn)} | KV cache: {model.config.kv_cache_elems_per_token_per_layer} elements "
+            f"per token per layer (one process: {full.kv_cache_elems_per_token_per_layer}), {nbytes:,} bytes at "
+            f"{length} tokens ({len(caches)} layers x batch {caches[0].k_cache.shape[0]}, {caches[0].k_cache.dtype})")
+
+
+# ----------------------------------------------------------------------------
+# The memory one training step needs, measured before anything is built (train.py's pre-flight and --dry_run)
+
+
+def peak_bytes(config, micro_batch, dtype, train=True):
+    """Peak bytes one process holds for one training step of micro_batch sequences (forward, backward, gradient
+    clipping and a fused AdamW step whose state already exists: weights, gradients, state, activations and
+    temporaries) or, train=False, for one evaluation forward; dtype: the autocast dtype (torch.float32: none).
+    Measured by PyTorch's MemTracker on fake tensors: every op sees real shapes and dtypes, nothing is allocated or
+    computed, so a CPU measures what a GPU will hold (eager mode; DDP's buckets are not included)."""
+    if config.n_layer <= 2:
+        return _tracked_peak(tuple(asdict(config).items()), micro_batch, dtype, train)
+    # Every layer adds the same bytes, and the tracker slows down with depth: measure 1 and 2 layers.
+    one, two = (peak_bytes(replace(config, n_layer=n), micro_batch, dtype, train) for n in (1, 2))
+    return one + (config.n_layer - 1) * (two - one)
+
+
+@functools.lru_cache(maxsize=None)
+def _tracked_peak(fields, micro_batch, dtype, train):
+    config = GPTConfig(**dict(fields))
+    with FakeTensorMode(), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "Mismatch dtype between input and weight")  # RMSNorm under bf16 autocast
+        model = GPT(config)
+        x = torch.zeros(micro_batch, config.block_size, dtype=torch.int64)
+        optimizer = torch.optim.AdamW(model.parameters(), fused=True)
+        if train:  # AdamW's state as after the first step
+            for p in model.parameters():
+                p.grad = torch.zeros_like(p)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        tracker = MemTracker()
+        tracker.track_external(model, optimizer, x)
+        with tracker, torch.autocast("cpu", dtype, enabled=dtype != torch.float32), torch.set_grad_enabled(train):
+            _, loss = model(x, x)
+            if train:
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+        return tracker.get_tracker_snapshot("peak")[x.device]["Total"]

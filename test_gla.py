@@ -536,7 +536,7 @@ def test_tensor_parallel_greedy_decode_matches_one_process(tmp_path, capsys):
     assert train.cli([*args[1:], "--tp", "1"]) == 0
     one = capsys.readouterr().out
     idx = torch.tensor([list(prompt.encode())])
-    expected = [train._bytes_to_text(m.generate(idx, n_new, temperature=0)[0].tolist()) for m in models]
+    expected = [gla._bytes_to_text(m.generate(idx, n_new, temperature=0)[0].tolist()) for m in models]
     assert sampled_texts(one) == sampled_texts(two.stdout) == expected
 
     L = len(prompt) + n_new
@@ -660,12 +660,12 @@ def test_sampling_command_bad_input_is_one_line(tmp_path, capsys, monkeypatch):
 def test_text_codec_bytes_and_gpt2_ids(monkeypatch):
     monkeypatch.setitem(sys.modules, "tiktoken", None)  # as if not installed: ids in, ids out
     config = gla.make_config("tiny", "gqa", vocab_size=512)
-    codec = train.text_codec(config, "token files in edu_fineweb100B")
+    codec = gla.text_codec(config, "token files in edu_fineweb100B")
     assert codec.encode("464 2068") == [464, 2068] and codec.decode([464, 2068]) == "464 2068"
-    with pytest.raises(train.UsageError, match="give --prompt as ids"):
+    with pytest.raises(gla.ConfigError, match="give --prompt as ids"):
         codec.encode("The quick")
     for source in ("stdlib corpus (out/stdlib_corpus.txt)", None):  # no config.json: 256 tokens mean bytes
-        codec = train.text_codec(gla.make_config("tiny", "gqa"), source)
+        codec = gla.text_codec(gla.make_config("tiny", "gqa"), source)
         assert codec.encode("é!") == [0xC3, 0xA9, 0x21]
         assert codec.decode([0xC3, 0xA9, 0xFF, 300]) == "é\\xff<300>"  # nothing drawn is hidden
 
@@ -1904,14 +1904,14 @@ def test_measured_peak_memory_counts_what_a_step_holds():
     config = gla.make_config("tiny", "mla", double_heads=True, n_layer=4, block_size=64)
     f32, n = torch.float32, train.n_params(config)
     # Extrapolated from 1 and 2 layers, as a deep model is measured, equals measuring all 4 layers.
-    full = train._tracked_peak(tuple(dataclasses.asdict(config).items()), 4, f32, True)
-    assert abs(train.peak_bytes(config, 4, f32) - full) <= 0.01 * full
-    step, ev = train.peak_bytes(config, 4, f32), train.peak_bytes(config, 4, f32, train=False)
+    full = gla._tracked_peak(tuple(dataclasses.asdict(config).items()), 4, f32, True)
+    assert abs(gla.peak_bytes(config, 4, f32) - full) <= 0.01 * full
+    step, ev = gla.peak_bytes(config, 4, f32), gla.peak_bytes(config, 4, f32, train=False)
     # float32 weights and AdamW's two moments, plus the logits (4 x 64 x 256 float32) that the loss needs
     assert step > 12 * n + 4 * 64 * 256 * 4
     assert 4 * n + 4 * 64 * 256 * 4 < ev < step
-    assert train.peak_bytes(config, 8, f32) > step  # activations grow with the micro-batch
-    assert train.peak_bytes(config, 4, torch.bfloat16) < step  # bf16 activations
+    assert gla.peak_bytes(config, 8, f32) > step  # activations grow with the micro-batch
+    assert gla.peak_bytes(config, 4, torch.bfloat16) < step  # bf16 activations
     assert train.train_peak(config, 4, f32, True) == step + 4 * n  # DDP's float32 gradient buckets
 
 
@@ -1924,7 +1924,7 @@ def test_dry_run_plans_peaks_and_the_largest_micro_batch(capsys):
     bf16 = torch.bfloat16  # planned for GPUs unless --device cpu
     assert line["run"] == "gla2_double_heads" and line["world_size"] == 4 and line["micro_batch"] == 4
     assert line["peak_train_bytes"] == train.train_peak(config, 4, bf16, True)
-    assert line["peak_eval_bytes"] == train.peak_bytes(config, 4, bf16, train=False)
+    assert line["peak_eval_bytes"] == gla.peak_bytes(config, 4, bf16, train=False)
     # A device with room for 5 sequences per micro-batch: 12 per process -> the largest divisor that fits is 4.
     five, six = (train.train_peak(config, m, bf16, True) for m in (5, 6))
     gib = (five + six) / 2 / (1 - train.MEMORY_MARGIN) / 2**30

@@ -3,7 +3,7 @@ Train one configuration of the double-heads ablation, or all six; or sample from
 
     python train.py --attn gla2 --double_heads        # one run, tiny preset, CPU ok
     python train.py --attn all                        # the six runs of the ablation
-    torchrun --standalone --nproc_per_node=8 train.py --attn all --preset paper --data edu_fineweb100B/ --grad_accum 6
+    torchrun --standalone --nproc_per_node=8 train.py --attn all --preset paper --data edu_fineweb100B/ --grad_accum 60 --compile
     python train.py --sample out/gla2/seed1337 --prompt "The return value"
 
 The ablation (Liu et al., "Multi-Head Low-Rank Attention", ICLR 2026, arXiv
@@ -37,15 +37,11 @@ import sysconfig
 import tempfile
 import threading
 import time
-import typing
-import warnings
 from contextlib import nullcontext
 
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.distributed._tools.mem_tracker import MemTracker
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
@@ -726,75 +722,6 @@ def train_run(args, variant, double_heads, data, ctx, log):
 # Sampling from a run: python train.py --sample out/gla2/seed1337 --prompt "The return value"
 
 
-class Codec(typing.NamedTuple):
-    """How a run's prompt becomes token ids (encode: str -> list of int) and its ids become text (decode)."""
-
-    name: str
-    encode: typing.Callable[[str], list]
-    decode: typing.Callable[[list], str]
-
-
-def _bytes_to_text(ids):
-    # Invalid UTF-8 (a half-learned character) shows as \xNN escapes, so nothing drawn is hidden; ids past 255 (a
-    # byte-level run with a padded vocabulary can draw them) as <id>.
-    return b"".join(bytes([i]) if i < 256 else f"<{i}>".encode() for i in ids).decode(errors="backslashreplace")
-
-
-def _parse_ids(prompt):
-    try:
-        return [int(t) for t in prompt.split()]
-    except ValueError:
-        raise UsageError("this run reads GPT-2 token ids and tiktoken is not installed: give --prompt as ids, "
-                         "e.g. --prompt '464 2068 7586'") from None
-
-
-def text_codec(config, source=None):
-    """The Codec of a run whose data source (TokenData.source, in its config.json) is `source` (None: unknown).
-    The default corpus and text files are bytes; token files hold GPT-2 ids, which tiktoken turns into text if it
-    is installed (not a dependency), else they are printed as numbers. Without a source, 256 tokens mean bytes."""
-    if config.vocab_size == 256 if source is None else not source.startswith("token files"):
-        return Codec("bytes", lambda text: list(text.encode()), _bytes_to_text)
-    try:
-        import tiktoken
-
-        enc = tiktoken.get_encoding("gpt2")
-        return Codec("GPT-2 BPE (tiktoken)", enc.encode, enc.decode)
-    except Exception:  # not installed, or its vocabulary file cannot be fetched (offline)
-        return Codec("GPT-2 token ids", _parse_ids, lambda ids: " ".join(map(str, ids)))
-
-
-def load_run(path):
-    """(GPTConfig, state dict, Codec) of a run, from its ckpt.pt or its folder; memory-mapped, so only the weights
-    we load are read. Raises UsageError (one line) for a missing or unreadable checkpoint."""
-    path = pathlib.Path(path)
-    path = path / "ckpt.pt" if path.is_dir() else path
-    if not path.is_file():
-        raise UsageError(f"no checkpoint at {path}; pass a run's ckpt.pt or its folder "
-                         "(<out_dir>/<run>/seed<seed>)")
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-        config, state = gla.GPTConfig(**ckpt["config"]["model"]), ckpt["model"]
-    except Exception as e:  # truncated, not a checkpoint, or not train.py's
-        first_line = (str(e).strip().splitlines() or [""])[0]
-        raise UsageError(f"cannot read {path} as a train.py checkpoint ({type(e).__name__}: {first_line})") from None
-    info = path.with_name("config.json")
-    source = json.loads(info.read_text()).get("data", {}).get("source") if info.is_file() else None
-    return config, state, text_codec(config, source)
-
-
-def cache_report(model, full, rank, tp, length):
-    """One line: what rank of tp holds of the full model (config `full`) and its KV cache at `length` tokens."""
-    share = gla.tp_share(full, rank, tp)
-    span = lambda noun, r: f"{noun}s {r.start}-{r.stop - 1}" if len(r) > 1 else f"{noun} {r.start}"  # noqa: E731
-    caches = [block.attn.cache for block in model.blocks]
-    nbytes = sum(c.k_cache[:, :, :length].nbytes + c.v_cache[:, :, :length].nbytes for c in caches)
-    return (f"rank {rank}/{tp}: {span('query head', share.heads)} of {full.n_head}, "
-            f"{span('KV head' if full.attn == 'gqa' else 'latent head', share.groups)} of {full.n_groups}, "
-            f"{span('MLP column', share.ffn)} | KV cache: {model.config.kv_cache_elems_per_token_per_layer} elements "
-            f"per token per layer (one process: {full.kv_cache_elems_per_token_per_layer}), {nbytes:,} bytes at "
-            f"{length} tokens ({len(caches)} layers x batch {caches[0].k_cache.shape[0]}, {caches[0].k_cache.dtype})")
-
-
 def sample_runs(args):
     """--sample: text from each run through GPT.generate (its KV cache and decode path), and tokens/s. Under
     torchrun with --tp N, each rank builds the full model (for a moment it holds all the weights: simple, not
@@ -816,7 +743,7 @@ def sample_runs(args):
                          "use --device cpu (gloo) or fewer processes")
     jobs = []
     for path in args.sample:
-        config, state, codec = load_run(path)
+        config, state, codec = gla.load_run(path)
         gla.tp_share(config, 0, args.tp)  # ConfigError for a --tp the model cannot split
         prompt, capacity = codec.encode(args.prompt), config.block_size  # positions past it were never trained
         if not prompt or len(prompt) >= capacity:
@@ -849,7 +776,7 @@ def sample_runs(args):
             t0 = time.perf_counter()
             tokens = generate()[0].tolist()  # .tolist() waits for the GPU
             seconds = time.perf_counter() - t0
-            mine = (cache_report(model, config, ctx.rank, world, len(tokens)), tokens)
+            mine = (gla.cache_report(model, config, ctx.rank, world, len(tokens)), tokens)
             ranks = [mine]
             if world > 1:
                 ranks = [None] * world
@@ -938,7 +865,7 @@ def dry_run(args, models, configs, world):
     for (v, d), config in zip(models, configs):
         line = dict(run=run_name(v, d), **summary(config, v, d, args.preset), world_size=world, micro_batch=micro,
                     dtype=str(dtype).removeprefix("torch."), peak_train_bytes=train_peak(config, micro, dtype, world > 1),
-                    peak_eval_bytes=peak_bytes(config, micro, dtype, train=False))
+                    peak_eval_bytes=gla.peak_bytes(config, micro, dtype, train=False))
         if args.device_memory:
             fit = largest_micro_batch(config, per_process, dtype, world > 1,
                                       (1 - MEMORY_MARGIN) * args.device_memory * 2**30)
@@ -1006,47 +933,9 @@ MEMORY_MARGIN = 0.10
 DDP_BYTES_PER_PARAM = 4  # DDP's gradient buckets: a float32 copy of every gradient
 
 
-def peak_bytes(config, micro_batch, dtype, train=True):
-    """Peak bytes one process holds for one training step of micro_batch sequences (forward, backward, gradient
-    clipping and a fused AdamW step whose state already exists: weights, gradients, state, activations and
-    temporaries) or, train=False, for one evaluation forward; dtype: the autocast dtype (torch.float32: none).
-    Measured by PyTorch's MemTracker on fake tensors: every op sees real shapes and dtypes, nothing is allocated or
-    computed, so a CPU measures what a GPU will hold (eager mode; DDP's buckets are not included)."""
-    if config.n_layer <= 2:
-        return _tracked_peak(tuple(dataclasses.asdict(config).items()), micro_batch, dtype, train)
-    # Every layer adds the same bytes, and the tracker slows down with depth: measure 1 and 2 layers.
-    one, two = (peak_bytes(dataclasses.replace(config, n_layer=n), micro_batch, dtype, train) for n in (1, 2))
-    return one + (config.n_layer - 1) * (two - one)
-
-
-@functools.lru_cache(maxsize=None)
-def _tracked_peak(fields, micro_batch, dtype, train):
-    config = gla.GPTConfig(**dict(fields))
-    with FakeTensorMode(), warnings.catch_warnings():
-        warnings.filterwarnings("ignore", "Mismatch dtype between input and weight")  # RMSNorm under bf16 autocast
-        model = gla.GPT(config)
-        x = torch.zeros(micro_batch, config.block_size, dtype=torch.int64)
-        optimizer = torch.optim.AdamW(model.parameters(), fused=True)
-        if train:  # AdamW's state as after the first step
-            for p in model.parameters():
-                p.grad = torch.zeros_like(p)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-        tracker = MemTracker()
-        tracker.track_external(model, optimizer, x)
-        with tracker, torch.autocast("cpu", dtype, enabled=dtype != torch.float32), torch.set_grad_enabled(train):
-            _, loss = model(x, x)
-            if train:
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-        return tracker.get_tracker_snapshot("peak")[x.device]["Total"]
-
-
 def train_peak(config, micro_batch, dtype, ddp):
     """peak_bytes of a training step, plus DDP's gradient buckets under DDP."""
-    return peak_bytes(config, micro_batch, dtype) + (DDP_BYTES_PER_PARAM * n_params(config) if ddp else 0)
+    return gla.peak_bytes(config, micro_batch, dtype) + (DDP_BYTES_PER_PARAM * n_params(config) if ddp else 0)
 
 
 def largest_micro_batch(config, per_process, dtype, ddp, budget):
@@ -1056,7 +945,7 @@ def largest_micro_batch(config, per_process, dtype, ddp, budget):
     one, two = train_peak(config, 1, dtype, ddp), train_peak(config, 2, dtype, ddp)
     guess = 1 + (budget - one) // max(two - one, 1)
     for m in (d for d in range(per_process, 0, -1) if per_process % d == 0 and d <= max(guess, 1)):
-        if max(train_peak(config, m, dtype, ddp), peak_bytes(config, m, dtype, train=False)) <= budget:
+        if max(train_peak(config, m, dtype, ddp), gla.peak_bytes(config, m, dtype, train=False)) <= budget:
             return m
     return 0
 

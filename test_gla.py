@@ -1374,8 +1374,9 @@ def test_cli_subprocess_end_to_end(tmp_path):
 def test_roofline_figure(tmp_path, capsys):
     """`plot.py --roofline`: FLOP per byte of a decode step at paper scale (24 query heads, 32K cached tokens) from
     kernels.py's counts. Per cached bf16 token a group's R rows (heads x new tokens) do 2 R (Dk + 2 Dv) FLOP with
-    qv, 4 R Dk without, against 2 (Hk Dk + Dv) bytes per group read; q, qv and the output add under 1%. So GQA (groups
-    of 4) stays under every ridge at any Lq, and MLA on one device crosses the H200's wgmma ridge between Lq 4 and 8."""
+    qv, 4 R Dk without, against 2 (Hk Dk + Dv) bytes per group read; q, qv and the output add up to 2.2% (MLA at
+    Lq 16). So GQA (groups of 4) stays under every ridge at any Lq, and MLA on one device crosses the H200's wgmma
+    ridge between Lq 4 and 8."""
     png = tmp_path / "figs" / "roofline.png"
     assert plot.main(["--roofline", "--output", str(png)]) == 0 and png.read_bytes()[:8] == PNG_MAGIC
     out = capsys.readouterr().out
@@ -1384,7 +1385,7 @@ def test_roofline_figure(tmp_path, capsys):
               ("gla2", 1): 24 * (64 + 512) / 576, ("gla2", 2): 12 * (64 + 512) / 320}
     assert len(rows) == len(per_lq) * len(plot.ROOFLINE_LQ)
     for (variant, tp, Lq), value in rows.items():
-        assert value == pytest.approx(per_lq[variant, tp] * Lq, rel=1e-2), (variant, tp, Lq)
+        assert value == pytest.approx(per_lq[variant, tp] * Lq, rel=2.5e-2), (variant, tp, Lq)
     ridges = plot.ridges()
     assert max(rows[v, tp, 16] for v, tp in [("gqa", 1), ("gqa", 2)]) < min(ridges.values())
     h200 = ridges["H200, HGMMA peak (wgmma)"]

@@ -246,9 +246,9 @@ MIN_GAIN = 0.01
 # 4.8 TB/s (an H200's specification) with an assumed 0.8 us latency takes 3.8 MB of K/V loads in flight.
 HBM_BYTES_PER_S = 4.8e12
 HBM_LATENCY_S = 0.8e-6
-# The compute floor (16-bit inputs): the call's FLOPs at the peak of the MMA instructions it issues. An H100 or H200 SXM
-# does 989 TFLOP/s of dense bf16 (NVIDIA's datasheets: 1979 with 2:4 sparsity) through wgmma, HGMMA in SASS, which
-# Triton issues for tiles of WGMMA_MIN_BLOCK_M rows or more (one warpgroup's M); smaller tiles get the older
+# The compute floor (16-bit inputs): the call's FLOPs at the peak of the MMA instructions it issues. An H100 or H200
+# SXM does 989 TFLOP/s of dense bf16 (NVIDIA's datasheets: 1979 with 2:4 sparsity) through wgmma, HGMMA in SASS,
+# which Triton issues for tiles of WGMMA_MIN_BLOCK_M rows or more (one warpgroup's M); smaller tiles get the older
 # mma.sync (HMMA), which reaches about 2/3 of that peak (Shah et al., FlashAttention-3, arXiv 2407.08608, Sec. 2.2).
 # bench/sm90.py checks each build's SASS against this rule.
 TENSOR_FLOPS_PER_S = {"HGMMA": 989e12, "HMMA": 989e12 * 2 / 3}
@@ -354,8 +354,8 @@ def _plan(B, Lq, Hq, Hkv, Hk, Dk, Dv, has_qv, elem_bytes, max_len, num_splits, n
             nbytes = sum(call_bytes(B, LQ_BLOCK, Hq, Hk, Hkv, Dk, Dv, has_qv, max_len, elem_bytes, n_splits))
             seconds, memory = modelled_seconds(nbytes, flops, mma, units * n_splits, ctas_per_sm, in_flight, num_sms)
             # Where several choices sit on the compute floor, the memory model tells them apart.
-            if (best is None or _gains(seconds, best["seconds"], False) or seconds <= best["seconds"] and
-                    _gains(memory, best["memory_seconds"], n_head_blocks == best["n_head_blocks"])):
+            if (best is None or _gains(seconds, best["seconds"], False) or (seconds <= best["seconds"] and
+                    _gains(memory, best["memory_seconds"], n_head_blocks == best["n_head_blocks"]))):
                 best = dict(LQ_BLOCK=LQ_BLOCK, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_DK=BLOCK_DK,
                             BLOCK_DV=BLOCK_DV, heads_per_block=heads_per_block, n_head_blocks=n_head_blocks,
                             split_len=split_len, n_splits=n_splits, ctas_per_sm=ctas_per_sm,

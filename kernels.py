@@ -8,10 +8,11 @@ kernel), with the interface of FA3's `flash_attn_with_kvcache(q, k_cache, v_cach
             AND the non-rope key, scores = q . k_rope + qv . c, one "KV head" (Hkv = Hk = 1) for every query head.
     GLA-2 : two latent heads of 256 (Hkv = 2), each shared by half of the query heads, and one rope key (Hk = 1).
 
-Decode is memory bound: a cached bf16 element takes part in one or two multiply-adds per row of its head group (its
-heads x new tokens), 1 to 2 FLOP per byte and row: 8 to 128 FLOP/byte at one new token here, under the ~200 at which
-an H200 (990 TFLOP/s, 4.8 TB/s) turns compute-bound, which MLA's 64 heads x 2 tokens come near. The floor of a call
-is (the cached K and V of the valid tokens, each read once, + q, qv and the output) / HBM bandwidth. A GLA-2 head
+Decode is mostly memory bound: a cached bf16 element takes part in one or two multiply-adds per row of its head group
+(its heads x new tokens), 1 to 2 FLOP per byte and row: 8 to 121 FLOP/byte at one new token in the bench shapes,
+under the ridge of an H200 (989 TFLOP/s / 4.8 TB/s = 206 FLOP/byte; 137 at the mma.sync peak of our smaller tiles);
+MLA's 64 heads x 2 tokens (242) pass it. The floor of a call is the larger of its bytes (the cached K and V of the
+valid tokens, each read once, + q, qv and the output) / HBM bandwidth and its FLOPs / tensor-core peak. A GLA-2 head
 group reads 256 + 64 elements per token where MLA's one group reads 512 + 64, and under TP-2 a device holds one.
 
     python kernels.py --check     # on a GPU: the kernel against the reference, and the CUDA tests
@@ -245,6 +246,13 @@ MIN_GAIN = 0.01
 # 4.8 TB/s (an H200's specification) with an assumed 0.8 us latency takes 3.8 MB of K/V loads in flight.
 HBM_BYTES_PER_S = 4.8e12
 HBM_LATENCY_S = 0.8e-6
+# The compute floor (16-bit inputs): the call's FLOPs at the peak of the MMA instructions it issues. An H100 or H200
+# SXM does 989 TFLOP/s of dense bf16 (NVIDIA's datasheets: 1979 with 2:4 sparsity) through wgmma, HGMMA in SASS,
+# which Triton issues for tiles of WGMMA_MIN_BLOCK_M rows or more (one warpgroup's M); smaller tiles get the older
+# mma.sync (HMMA), which reaches about 2/3 of that peak (Shah et al., FlashAttention-3, arXiv 2407.08608, Sec. 2.2).
+# bench/sm90.py checks each build's SASS against this rule.
+TENSOR_FLOPS_PER_S = {"HGMMA": 989e12, "HMMA": 989e12 * 2 / 3}
+WGMMA_MIN_BLOCK_M = 64
 DEFAULT_NUM_SMS = 132
 # Where a launch fills half the SMs or more, mean over max programs per SM >= MIN_BALANCE.
 MIN_BALANCE = 0.9
@@ -262,12 +270,21 @@ def call_bytes(B, Lq, Hq, Hk, Hkv, Dk, Dv, has_qv, seqlen, elem_bytes, n_splits)
             2 * B * Lq * Hq * n_splits * (Dv * elem_bytes + 4))
 
 
-def modelled_seconds(nbytes, programs, ctas_per_sm, kv_bytes_in_flight, num_sms=DEFAULT_NUM_SMS):
-    """The memory model: nbytes at min(HBM_BYTES_PER_S, bytes in flight / HBM_LATENCY_S),
-    where min(programs, num_sms x ctas_per_sm) programs run at once, each with
-    kv_bytes_in_flight bytes of K/V loads outstanding."""
+def call_flops(B, Lq, Hq, Dk, Dv, has_qv, seqlen):
+    """FLOPs of one call's two products as the kernel does them, 2 a multiply-add: per row (query head x new token)
+    and cached token (B sequences of seqlen), the scores over Dk (+ Dv with qv) and P.V over Dv. Over call_bytes'
+    cache bytes that is the arithmetic intensity of Zadouri, Strauss, Dao 2025 (arXiv 2505.21487), Sec. 3."""
+    return 2 * B * Lq * Hq * seqlen * (Dk + has_qv * Dv + Dv)
+
+
+def modelled_seconds(nbytes, flops, mma, programs, ctas_per_sm, kv_bytes_in_flight, num_sms=DEFAULT_NUM_SMS):
+    """(model, memory) seconds of a call. memory: nbytes at min(HBM_BYTES_PER_S, bytes in flight / HBM_LATENCY_S),
+    where min(programs, num_sms x ctas_per_sm) programs run at once, each with kv_bytes_in_flight bytes of K/V loads
+    outstanding. model: never under the compute floor, max(memory, flops / TENSOR_FLOPS_PER_S[mma]), mma "HGMMA" or
+    "HMMA": the MMAs and the loads overlap at best."""
     in_flight = min(programs, num_sms * ctas_per_sm) * kv_bytes_in_flight
-    return nbytes / min(HBM_BYTES_PER_S, in_flight / HBM_LATENCY_S) if in_flight else math.inf
+    memory = nbytes / min(HBM_BYTES_PER_S, in_flight / HBM_LATENCY_S) if in_flight else math.inf
+    return max(memory, flops / TENSOR_FLOPS_PER_S[mma]), memory
 
 
 def _num_stages(BLOCK_M, BLOCK_DK, BLOCK_DV, has_qv, tile_smem, ctas_per_sm, elem_bytes):
@@ -275,7 +292,7 @@ def _num_stages(BLOCK_M, BLOCK_DK, BLOCK_DV, has_qv, tile_smem, ctas_per_sm, ele
     (and qv) tiles and num_stages - 1 K/V buffers (one more from 64 rows, where wgmma reads one), as sm_90 builds show."""
     fixed = BLOCK_M * (BLOCK_DK + (BLOCK_DV if has_qv else 0)) * elem_bytes + SMEM_SCRATCH
     budget = SM90_SMEM_PER_SM // ctas_per_sm - SM90_SMEM_RESERVED_PER_CTA
-    extra = 1 if BLOCK_M >= 64 else 0
+    extra = 1 if BLOCK_M >= WGMMA_MIN_BLOCK_M else 0
     stages = 3
     while stages < MAX_STAGES and fixed + (stages + extra) * tile_smem <= budget:
         stages += 1
@@ -295,10 +312,16 @@ def _split_choices(units, n_blocks, ctas_per_sm, num_sms, kv_bytes_in_flight):
     return sorted({min(c, n_blocks) for c in choices if c >= 1})
 
 
+def _gains(seconds, best, same_head_blocks):
+    """Whether a choice beats the best so far: by MIN_GAIN, or at all with as many head blocks."""
+    return seconds < best * (1 - MIN_GAIN) or (seconds < best and same_head_blocks)
+
+
 @functools.lru_cache(maxsize=4096)
 def _plan(B, Lq, Hq, Hkv, Hk, Dk, Dv, has_qv, elem_bytes, max_len, num_splits, num_sms):
-    """Block sizes, head blocks, stages and split count of one call: of the head-block and
-    split counts above, the one the memory model finds fastest. It sees Lq only as LQ_BLOCK
+    """Block sizes, head blocks, stages, split count and MMA kind of one call: of the head-block
+    and split counts above, the one modelled fastest (modelled_seconds; among those on the compute
+    floor, the memory model's fastest). It sees Lq only as LQ_BLOCK
     (its power of two: Lq up to MAX_LQ compiles at most 5 variants); a decode loop at batch 1
     may switch head blocks (one more compile) as its cache grows."""
     G = Hq // Hkv
@@ -307,6 +330,7 @@ def _plan(B, Lq, Hq, Hkv, Hk, Dk, Dv, has_qv, elem_bytes, max_len, num_splits, n
     BLOCK_N = KV_TILE_BYTES // ((BLOCK_DK + BLOCK_DV) * elem_bytes)
     BLOCK_N = max(MIN_BLOCK, min(MAX_BLOCK_N, 1 << (BLOCK_N.bit_length() - 1)))
     n_blocks = triton.cdiv(max_len, BLOCK_N)
+    flops = call_flops(B, LQ_BLOCK, Hq, Dk, Dv, has_qv, max_len)
     tile_bytes = BLOCK_N * (Dk + Dv) * elem_bytes  # what one stage loads from memory
     # All G x LQ_BLOCK rows of a group in one program, unless they overflow MAX_ACC_ELEMS:
     # MLA's 64 heads x 512 would take 128 KiB of accumulators, half an SM's registers
@@ -321,19 +345,22 @@ def _plan(B, Lq, Hq, Hkv, Hk, Dk, Dv, has_qv, elem_bytes, max_len, num_splits, n
         num_stages = _num_stages(BLOCK_M, BLOCK_DK, BLOCK_DV, has_qv, BLOCK_N * (BLOCK_DK + BLOCK_DV) * elem_bytes,
                                  ctas_per_sm, elem_bytes)
         in_flight = (num_stages - 2) * tile_bytes
+        mma = "HGMMA" if BLOCK_M >= WGMMA_MIN_BLOCK_M else "HMMA"
         units = B * Hkv * n_head_blocks
         for splits in [num_splits] if num_splits else _split_choices(units, n_blocks, ctas_per_sm, num_sms,
                                                                      in_flight):
             split_len = triton.cdiv(n_blocks, max(1, min(splits, n_blocks))) * BLOCK_N
             n_splits = triton.cdiv(max_len, split_len)
             nbytes = sum(call_bytes(B, LQ_BLOCK, Hq, Hk, Hkv, Dk, Dv, has_qv, max_len, elem_bytes, n_splits))
-            seconds = modelled_seconds(nbytes, units * n_splits, ctas_per_sm, in_flight, num_sms)
-            if (best is None or seconds < best["seconds"] * (1 - MIN_GAIN)
-                    or (seconds < best["seconds"] and n_head_blocks == best["n_head_blocks"])):
+            seconds, memory = modelled_seconds(nbytes, flops, mma, units * n_splits, ctas_per_sm, in_flight, num_sms)
+            # Where several choices sit on the compute floor, the memory model tells them apart.
+            if (best is None or _gains(seconds, best["seconds"], False) or (seconds <= best["seconds"] and
+                    _gains(memory, best["memory_seconds"], n_head_blocks == best["n_head_blocks"]))):
                 best = dict(LQ_BLOCK=LQ_BLOCK, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_DK=BLOCK_DK,
                             BLOCK_DV=BLOCK_DV, heads_per_block=heads_per_block, n_head_blocks=n_head_blocks,
                             split_len=split_len, n_splits=n_splits, ctas_per_sm=ctas_per_sm,
-                            num_warps=NUM_WARPS, num_stages=num_stages, tile_bytes=tile_bytes, seconds=seconds)
+                            num_warps=NUM_WARPS, num_stages=num_stages, tile_bytes=tile_bytes, mma=mma,
+                            seconds=seconds, memory_seconds=memory)
         more = 2 * n_head_blocks
         if more > min(G, max(fewest, MAX_PASSES)) or triton.cdiv(G, more) * LQ_BLOCK < MIN_BLOCK:
             return best
@@ -411,12 +438,15 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, qv=None, softmax_scale=
 # ----------------------------------------------------------------------------
 # On a GPU: `python kernels.py --check`.
 
-# name: (Hq, Hkv, Hk, Dk, Dv, uses qv): the per-device shapes of the GLA paper's decode benchmark (not our presets).
+# name: (Hq, Hkv, Hk, Dk, Dv, uses qv): per-device shapes of the GLA paper's decode benchmark (not our presets), 64
+# query heads in all. GQA-8: 8 KV heads of 128 (Llama-3-70B's attention), one per device under TP-8; under TP-2 MLA
+# keeps the whole latent on each device, GLA-2 one latent head.
 BENCH_SHAPES = {
-    "GQA TP-8": (8, 1, 1, 128, 128, False),
-    "MLA": (64, 1, 1, 64, 512, True),
-    "GLA-2 TP-2": (32, 1, 1, 64, 256, True),  # each device holds one latent head
+    "GQA-8 TP-8": (8, 1, 1, 128, 128, False),
+    "MLA 1 GPU": (64, 1, 1, 64, 512, True),
     "GLA-2 1 GPU": (64, 2, 1, 64, 256, True),
+    "MLA TP-2": (32, 1, 1, 64, 512, True),
+    "GLA-2 TP-2": (32, 1, 1, 64, 256, True),
 }
 BENCH_BATCHES = (1, 32)
 BENCH_SEQLENS = (8192, 32768, 131072)

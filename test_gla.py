@@ -892,9 +892,9 @@ def test_split_count_fills_whole_waves():
 # nvdisasm in Triton's wheel (bench/sm90.py). It follows Triton 3.9's internals: another version skips, saying so.
 needs_sass_tools = pytest.mark.skipif(sm90.unsupported() is not None, reason=str(sm90.unsupported()))
 # CTAs per SM from registers and shared memory, and launch balance.
-MIN_CTAS_PER_SM = {"GQA TP-8": 3, "MLA": 2, "GLA-2 TP-2": 2, "GLA-2 1 GPU": 2}
+MIN_CTAS_PER_SM = {"GQA-8 TP-8": 3, "MLA 1 GPU": 2, "GLA-2 1 GPU": 2, "MLA TP-2": 2, "GLA-2 TP-2": 2}
 BALANCE_MIN_PROGRAMS, MIN_BALANCE = 66, 0.9
-SINGLE_BUFFERED = ("MLA", 32, 1, 32768, 2)  # num_stages=2: no tile in flight
+SINGLE_BUFFERED = ("MLA 1 GPU", 32, 1, 32768, 2)  # num_stages=2: no tile in flight
 
 
 @pytest.fixture(scope="module")
@@ -909,13 +909,14 @@ def sm90_builds():
 @pytest.mark.parametrize("config", sm90.CONFIGS, ids=lambda c: f"{c[0]}-B{c[1]}-Lq{c[2]}-S{c[3]}")
 def test_sm90_build(config, sm90_builds):
     """bf16, every bench shape: no spills, shared memory within a CTA's limit, tensor-core
-    MMAs, K/V into the main loop only by 128-bit cp.async, the planned tiles in flight
-    during compute, at least the planned CTAs per SM, and a balanced launch."""
+    MMAs of the kind the plan's compute floor assumes (HGMMA from 64 rows, else HMMA), K/V into
+    the main loop only by 128-bit cp.async, the planned tiles in flight during compute, at
+    least the planned CTAs per SM, and a balanced launch."""
     name = config[0]
     f = sm90_builds[config]
     assert f["stack"] == 0 and f["spills"] == 0, f
     assert f["smem"] <= sm90.SM90_SMEM_PER_CTA, f
-    assert f["mma"] > 0, f
+    assert f["mma"] > 0 and f["mma_kind"] == f["planned_mma"], f
     assert f["loop_cp_async"] > 0 and f["loop_cp_async_128"] == f["loop_cp_async"], f
     assert f["loop_ldg"] == 0 and f["narrow_loads"] == 0, f
     assert f["in_flight"] == f["planned_in_flight"] >= 1, f
@@ -924,11 +925,14 @@ def test_sm90_build(config, sm90_builds):
 
 
 @needs_sass_tools
-def test_sm90_model_reaches_the_floor_at_batch_1_and_32(sm90_builds):
-    """The memory model fed by the sm_90 build (its CTAs per SM and tiles in flight): every
-    bench shape at B 1 and 32, Lq 1 and 2, reaches >= 80% of the floor at 32K and 128K
-    cached tokens and >= 60% at 8K; and at batch 1 GLA-2 under TP-2 takes <= 0.7 of MLA's
-    time (their floors differ by 320 / 576 = 0.56), as the GLA paper's decode claim needs."""
+def test_sm90_model_reaches_the_binding_floor_at_batch_1_and_32(sm90_builds):
+    """The model fed by the sm_90 build (its CTAs per SM, tiles in flight and MMA kind) against the roofline floor,
+    max(bytes / HBM bandwidth, FLOPs / the peak of the build's MMAs): never under it, and for every bench shape at
+    B 1 and 32, Lq 1 and 2, >= 80% of it at 32K and 128K cached tokens and >= 60% at 8K. Compute binds exactly where
+    a latent group has the most rows (heads x new tokens): MLA on one device at Lq 2, 128 rows. At batch 1 GLA-2
+    under TP-2 takes <= 0.7 of MLA's time under TP-2 (cache bytes per device 320 / 576 = 0.56), the GLA paper's
+    per-device decode claim."""
+    compute_bound = set()
     for config in sm90.CONFIGS:
         (name, B, Lq, S, _), f = config, sm90_builds[config]
         Hq, Hkv, Hk, Dk, Dv, use_qv = kernels.BENCH_SHAPES[name]
@@ -936,11 +940,38 @@ def test_sm90_model_reaches_the_floor_at_batch_1_and_32(sm90_builds):
         assert f["cache_B"] == B * S * (Hk * Dk + Hkv * Dv) * 2  # bf16: every cached token once
         assert f["partial_B"] == 2 * B * Lq * Hq * splits * (Dv * 2 + 4)  # bf16 partials, float32 LSE, both ways
         assert f["in_flight_B"] == f["in_flight"] * f["BLOCK_N"] * (Dk + Dv) * 2  # the build's tiles x tile bytes
-        assert f["model_pct"] >= (80 if S >= 32768 else 60), f
+        # Each of the B x Lq x Hq rows meets each cached token in q.k (Dk), qv.c (Dv) and p.v (Dv): 2 FLOP a MAC.
+        assert f["flops"] == B * Lq * Hq * S * 2 * (Dk + Dv * use_qv + Dv)
+        memory_s = (f["cache_B"] + f["io_B"]) / kernels.HBM_BYTES_PER_S
+        compute_s = f["flops"] / kernels.TENSOR_FLOPS_PER_S[f["mma_kind"]]
+        assert f["floor_s"] == pytest.approx(max(memory_s, compute_s)) and f["model_s"] >= f["floor_s"], f
+        assert f["bound"] == ("compute" if compute_s > memory_s else "memory"), f
+        assert f["roofline_pct"] >= (80 if S >= 32768 else 60), f
+        if f["bound"] == "compute":
+            compute_bound.add(config)
+    assert compute_bound == {("MLA 1 GPU", B, 2, S, None) for B in kernels.BENCH_BATCHES for S in kernels.BENCH_SEQLENS}
     for Lq in kernels.BENCH_LQ:
         for S in kernels.BENCH_SEQLENS:
-            gla2, mla = (sm90_builds[(name, 1, Lq, S, None)]["model_s"] for name in ("GLA-2 TP-2", "MLA"))
+            gla2, mla = (sm90_builds[(name, 1, Lq, S, None)]["model_s"] for name in ("GLA-2 TP-2", "MLA TP-2"))
             assert gla2 <= 0.7 * mla, (Lq, S, gla2, mla)
+
+
+def test_plan_models_the_compute_floor_and_picks_the_faster_mma():
+    """The plan's modelled time is the larger of its memory model and its FLOPs at the MMAs' peak. GLA-2 under TP-2
+    at Lq 4 (32 heads x 4 tokens per latent head, 230 FLOP/byte) would be compute-bound in HMMA tiles: the plan takes
+    64-row HGMMA ones (fewer head blocks), faster than any HMMA plan can be; at Lq 1 the memory model binds."""
+    Hq, Hkv, Hk, Dk, Dv, use_qv = kernels.BENCH_SHAPES["GLA-2 TP-2"]
+    S = 32768
+    for Lq in (4, 1):
+        p = kernels._plan(1, Lq, Hq, Hkv, Hk, Dk, Dv, use_qv, 2, S, None, kernels.DEFAULT_NUM_SMS)
+        flops = 2 * Lq * Hq * S * (Dk + 2 * Dv)
+        compute_s = flops / kernels.TENSOR_FLOPS_PER_S[p["mma"]]
+        assert p["seconds"] == pytest.approx(max(p["memory_seconds"], compute_s)), p
+        if Lq == 4:
+            assert p["mma"] == "HGMMA" and p["BLOCK_M"] >= 64, p
+            assert p["seconds"] < flops / kernels.TENSOR_FLOPS_PER_S["HMMA"], p
+        else:
+            assert p["seconds"] == p["memory_seconds"] > compute_s, p
 
 
 @needs_sass_tools
@@ -958,7 +989,7 @@ def test_sm90_table_from_the_command_line(tmp_path, capsys, sm90_builds):
     lines = capsys.readouterr().out.strip().splitlines()
     assert re.split(r"\s{2,}", lines[0].strip()) == sm90.COLUMNS
     rows = list(csv_rows(csv_path))
-    assert len(rows) == len(lines) - 2 == len(sm90.CONFIGS) == 48  # header, rows, "wrote ..."
+    assert len(rows) == len(lines) - 2 == len(sm90.CONFIGS) == 60  # header, rows, "wrote ..."
     for row, config in zip(rows, sm90.CONFIGS):
         f = sm90_builds[config]
         assert (row["shape"], int(row["B"]), int(row["Lq"]), int(row["S"])) == config[:4]
@@ -966,7 +997,12 @@ def test_sm90_table_from_the_command_line(tmp_path, capsys, sm90_builds):
             assert int(row[column]) == f[column], column
         assert row["CTAs/SM"] == f"{f['ctas_per_sm']} ({f['ctas_limit']})"
         assert row["stages"] == f"{f['stages']} ({f['in_flight']} in flight)"
-        assert row["model_pct"] == f"{f['model_pct']:.1f}" and row["model_us"] == f"{f['model_s'] * 1e6:.2f}"
+        assert row["MMA"] == f"{f['mma']} {f['mma_kind']}" and row["bound"] == f["bound"]
+        for column, value in [("flop_per_byte", f"{f['flop_per_byte']:.1f}"),
+                              ("mem_floor_us", f"{f['mem_floor_s'] * 1e6:.2f}"),
+                              ("compute_floor_us", f"{f['compute_floor_s'] * 1e6:.2f}"),
+                              ("model_us", f"{f['model_s'] * 1e6:.2f}"), ("roofline_pct", f"{f['roofline_pct']:.1f}")]:
+            assert row[column] == value, column
 
 
 @pytest.mark.parametrize("Hk, use_qv", [(1, True), (2, False)])
@@ -1033,14 +1069,14 @@ def test_bad_inputs_raise(case, match):
 def test_gpu_check_passes_the_kernel_and_fails_a_wrong_one(monkeypatch):
     # `kernels.py --check` compares in bf16 on the GPU; here its comparison runs in float16
     # through the interpreter, on a short cache.
-    assert kernels.check_one("GQA TP-8", 2, 2, S=40, dtype=torch.float16, device="cpu") == []
+    assert kernels.check_one("GQA-8 TP-8", 2, 2, S=40, dtype=torch.float16, device="cpu") == []
     right = kernels.decode_attention
 
     def one_tile_short(q, k_cache, v_cache, cache_seqlens, qv=None, **kw):  # drops the first 16 tokens
         return right(q, k_cache[:, 16:], v_cache[:, 16:], cache_seqlens - 16, qv)
     monkeypatch.setattr(kernels, "decode_attention", one_tile_short)
-    failures = kernels.check_one("GQA TP-8", 2, 2, S=40, dtype=torch.float16, device="cpu")
-    assert len(failures) == 3 and all(f.startswith("MISMATCH GQA TP-8 B=2 Lq=2 S=40") for f in failures)
+    failures = kernels.check_one("GQA-8 TP-8", 2, 2, S=40, dtype=torch.float16, device="cpu")
+    assert len(failures) == 3 and all(f.startswith("MISMATCH GQA-8 TP-8 B=2 Lq=2 S=40") for f in failures)
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="checks the behaviour without a GPU")
@@ -1333,6 +1369,30 @@ def test_cli_subprocess_end_to_end(tmp_path):
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
     assert len(bad.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "x.png").exists()
+
+
+def test_roofline_figure(tmp_path, capsys):
+    """`plot.py --roofline`: FLOP per byte of a decode step at paper scale (24 query heads, 32K cached tokens) from
+    kernels.py's counts. Per cached bf16 token a group's R rows (heads x new tokens) do 2 R (Dk + 2 Dv) FLOP with
+    qv, 4 R Dk without, against 2 (Hk Dk + Dv) bytes per group read; q, qv and the output add up to 2.2% (MLA at
+    Lq 16). So GQA (groups of 4) stays under every ridge at any Lq, and MLA on one device crosses the H200's wgmma
+    ridge between Lq 4 and 8."""
+    png = tmp_path / "figs" / "roofline.png"
+    assert plot.main(["--roofline", "--output", str(png)]) == 0 and png.read_bytes()[:8] == PNG_MAGIC
+    out = capsys.readouterr().out
+    rows = {(r["variant"], r["tp"], r["Lq"]): r["flop_per_byte"] for r in plot.roofline_rows()}
+    per_lq = {("gqa", 1): 4, ("gqa", 2): 4, ("mla", 1): 24 * (64 + 1024) / 576, ("mla", 2): 12 * (64 + 1024) / 576,
+              ("gla2", 1): 24 * (64 + 512) / 576, ("gla2", 2): 12 * (64 + 512) / 320}
+    assert len(rows) == len(per_lq) * len(plot.ROOFLINE_LQ)
+    for (variant, tp, Lq), value in rows.items():
+        assert value == pytest.approx(per_lq[variant, tp] * Lq, rel=2.5e-2), (variant, tp, Lq)
+    ridges = plot.ridges()
+    assert max(rows[v, tp, 16] for v, tp in [("gqa", 1), ("gqa", 2)]) < min(ridges.values())
+    h200 = ridges["H200, HGMMA peak (wgmma)"]
+    assert rows["mla", 1, 4] < h200 < rows["mla", 1, 8]
+    assert f"GQA    tp 1 (24 heads): {rows['gqa', 1, 1]:6.1f}" in out and f"{h200:.0f}" in out
+    assert plot.main(["--roofline", "--output", str(tmp_path / "r.svg")]) == 2
+    assert "must end in .png" in capsys.readouterr().err and not (tmp_path / "r.svg").exists()
 
 
 # ----------------------------------------------------------------------------

@@ -1,10 +1,12 @@
-"""The decode kernel's speed on a GPU against the memory-bound floor, the memory model, and the PyTorch reference.
+"""The decode kernel's speed on a GPU against the roofline floor, kernels.py's model, and the PyTorch reference.
 
 For every bench shape (the GLA paper's per-device decode shapes, kernels.BENCH_SHAPES), batch 1 and 32, 8K / 32K /
 128K cached tokens and Lq 1 and 2, in bf16: the median time of a call, the bytes it must read (the cache of the
-valid tokens once, q, qv and the output), the GB/s that makes, the percent of the measured copy bandwidth (the
-floor), the time kernels.py's memory model predicts, passes (how often each group's cache is read: head blocks),
-the speedup over decode_attention_ref, and the largest difference from it.
+valid tokens once, q, qv and the output), the GB/s that makes, its FLOP per byte, the memory floor (those bytes at
+the measured copy bandwidth) and the compute floor (its FLOPs at the peak of the MMAs the plan expects,
+kernels.TENSOR_FLOPS_PER_S), which one binds and the percent of it the call reaches, the time kernels.py's model
+predicts, passes (how often each group's cache is read: head blocks), the speedup over decode_attention_ref, and the
+largest difference from it. bench/sm90.py's table holds the same model for an H200.
 
     python bench/kernel_speed.py [--output kernel_speed.csv] [--budget_s 600]
 """
@@ -22,8 +24,8 @@ from kernels import BENCH_BATCHES, BENCH_LQ, BENCH_SEQLENS, BENCH_SHAPES  # noqa
 
 COPY_BYTES = 1 << 30
 MEMORY_MARGIN = 0.8  # use at most this fraction of free GPU memory
-COLUMNS = ["shape", "B", "S", "Lq", "passes", "time_us", "MB_read", "GB_s", "pct_floor", "model_us", "speedup_vs_ref",
-           "max_abs_err"]
+COLUMNS = ["shape", "B", "S", "Lq", "passes", "time_us", "MB_read", "GB_s", "flop_per_byte", "mem_floor_us",
+           "compute_floor_us", "bound", "roofline_pct", "model_us", "speedup_vs_ref", "max_abs_err"]
 
 
 def main(argv=None):
@@ -62,9 +64,14 @@ def main(argv=None):
                                  return_mode="median") * 1e-3
                     t_ref = do_bench(lambda: kernels.decode_attention_ref(q, k, v, seqlens, qv), return_mode="median")
                     p = kernels._plan(B, Lq, Hq, Hkv, Hk, Dk, Dv, use_qv, dt.itemsize, S, None, num_sms)
+                    flops = kernels.call_flops(B, Lq, Hq, Dk, Dv, use_qv, S)
+                    mem_floor, compute_floor = (cache + io) / copy_bw, flops / kernels.TENSOR_FLOPS_PER_S[p["mma"]]
                     rows.append([name, B, S, Lq, p["n_head_blocks"], f"{t * 1e6:.1f}", f"{(cache + io) / 1e6:.1f}",
-                                 f"{(cache + io) / t / 1e9:.0f}", f"{100 * (cache + io) / copy_bw / t:.0f}",
-                                 f"{p['seconds'] * 1e6:.1f}", f"{t_ref * 1e-3 / t:.1f}", f"{err:.2e}"])
+                                 f"{(cache + io) / t / 1e9:.0f}", f"{flops / (cache + io):.1f}",
+                                 f"{mem_floor * 1e6:.2f}", f"{compute_floor * 1e6:.2f}",
+                                 "compute" if compute_floor > mem_floor else "memory",
+                                 f"{100 * max(mem_floor, compute_floor) / t:.0f}", f"{p['seconds'] * 1e6:.1f}",
+                                 f"{t_ref * 1e-3 / t:.1f}", f"{err:.2e}"])
                     print("  ".join(str(x) for x in rows[-1]), flush=True)
                     del q, k, v, seqlens, qv, out
                     torch.cuda.empty_cache()

@@ -4,8 +4,11 @@ Triton compiles ahead of time for sm_90 on a CPU, and its wheel ships cuobjdump 
 nvdisasm (SASS) to read the result. Compiled with the specialisation the runtime would pick for the launch
 arguments of the bench shapes (built as meta tensors, bf16), the SASS is what an H100/H200 would run. For every bench
 shape, batch, query length and cache length the table prints the build (tile, registers, spills, shared memory, MMA
-instructions, how K/V reach the main loop, stages, CTAs/SM, programs, balance, passes) and kernels.py's memory
-model fed by it (K/V bytes in flight per program, cache and partial bytes, modelled time and % of the floor).
+instructions, how K/V reach the main loop, stages, CTAs/SM, programs, balance, passes) and kernels.py's model fed by
+it (K/V bytes in flight per program, cache and partial bytes), against the roofline: FLOP per byte read, the memory
+floor (bytes / HBM bandwidth) and the compute floor (FLOPs at the peak of the MMA instructions in the SASS: HGMMA,
+Hopper's wgmma, or the older HMMA, mma.sync, at 2/3 of it), which one binds, the modelled time and the percent of the
+binding floor it reaches.
 
     python bench/sm90.py [--output sass.csv]
 
@@ -32,7 +35,7 @@ import torch  # noqa: E402
 
 import kernels  # noqa: E402
 from kernels import (BENCH_BATCHES, BENCH_LQ, BENCH_SEQLENS, BENCH_SHAPES, DEFAULT_NUM_SMS,  # noqa: E402
-                     HBM_BYTES_PER_S, SM90_SMEM_PER_SM, SM90_SMEM_RESERVED_PER_CTA, triton)
+                     HBM_BYTES_PER_S, SM90_SMEM_PER_SM, SM90_SMEM_RESERVED_PER_CTA, TENSOR_FLOPS_PER_S, triton)
 
 # sm_90 limits: CUDA C++ Programming Guide, "Technical Specifications per Compute Capability" (9.0): 64K 32-bit
 # registers, 2048 threads, 32 CTAs per SM, 227 KiB of shared memory per CTA. A warp's registers come in units of 256
@@ -46,7 +49,8 @@ SASS_TOOLS = ("ptxas", "cuobjdump", "nvdisasm")
 TRITON_VERSION = "3.9"  # the internals _runtime_specialization mirrors
 _MMA = re.compile(r"\b(HGMMA|HMMA)\b")
 COLUMNS = ["shape", "B", "Lq", "S", "tile", "regs", "spills", "smem_KiB", "MMA", "K/V in loop", "stages", "CTAs/SM",
-           "programs", "balance", "passes", "in_flight_B", "cache_B", "partial_B", "model_us", "model_pct"]
+           "programs", "balance", "passes", "in_flight_B", "cache_B", "partial_B", "flop_per_byte", "mem_floor_us",
+           "compute_floor_us", "bound", "model_us", "roofline_pct"]
 CONFIGS = [(name, B, Lq, S, None) for name in BENCH_SHAPES for B in BENCH_BATCHES for Lq in BENCH_LQ
            for S in BENCH_SEQLENS]  # (shape, B, Lq, S, num_stages: None for the plan's)
 
@@ -150,8 +154,10 @@ def figures_many(configs):
     in_flight (K/V tiles still arriving while the loop computes: the smallest `DEPBAR.LE SB0, N` in the loop over the
     cp.async groups it commits per iteration), stages (1 + in_flight), ctas_per_sm (from registers, shared memory and
     threads) and its limit, programs, balance (mean over max programs per SM), passes (head blocks), the plan's
-    figures; and the memory model fed by this build: in_flight_B (K/V bytes in flight per program), cache_B, io_B,
-    partial_B, model_s, floor_s, model_pct.
+    figures (planned_mma: the MMA kind the plan expects); and the model fed by this build: in_flight_B (K/V bytes in
+    flight per program), cache_B, io_B, partial_B, flops, flop_per_byte (over cache_B + io_B), mem_floor_s,
+    compute_floor_s (at the peak of mma_kind), floor_s (the larger), bound ("memory" or "compute"), model_s and
+    roofline_pct (100 floor_s / model_s).
 
     Under TRITON_INTERPRET=1 (the CPU tests) Triton's compiler cannot run in this process (its code generator would
     call the interpreter's tl.max, tl.sum and co.), so we compute them in one child process without that variable."""
@@ -206,12 +212,18 @@ def _figures(name, B, Lq, S, num_stages):
     programs = math.prod(grid)
     Hq, Hkv, Hk, Dk, Dv, use_qv = BENCH_SHAPES[name]
     cache, io, partial = kernels.call_bytes(B, Lq, Hq, Hk, Hkv, Dk, Dv, use_qv, S, 2, p["n_splits"])
-    model_s = kernels.modelled_seconds(cache + io + partial, programs, limits[limit], in_flight * p["tile_bytes"])
-    floor_s = (cache + io) / HBM_BYTES_PER_S
+    flops = kernels.call_flops(B, Lq, Hq, Dk, Dv, use_qv, S)
+    mma_kind = "HGMMA" if "HGMMA" in sass else "HMMA" if "HMMA" in sass else "none"
+    if mma_kind == "none":
+        raise RuntimeError(f"the sm_90 build of {name} B={B} Lq={Lq} S={S} has no tensor-core MMA")
+    model_s, _ = kernels.modelled_seconds(cache + io + partial, flops, mma_kind, programs, limits[limit],
+                                          in_flight * p["tile_bytes"])
+    mem_floor_s, compute_floor_s = (cache + io) / HBM_BYTES_PER_S, flops / TENSOR_FLOPS_PER_S[mma_kind]
+    floor_s = max(mem_floor_s, compute_floor_s)
     return dict(
         shape=name, B=B, Lq=Lq, S=S, BLOCK_M=p["BLOCK_M"], BLOCK_N=p["BLOCK_N"], warps=warps, regs=regs,
         stack=stack, spills=len(re.findall(r"\b(STL|LDL)\b", sass)), smem=smem, dynamic_smem=dynamic_smem,
-        mma=len(_MMA.findall(sass)), mma_kind="HGMMA" if "HGMMA" in sass else "HMMA" if "HMMA" in sass else "none",
+        mma=len(_MMA.findall(sass)), mma_kind=mma_kind, planned_mma=p["mma"],
         loop_cp_async=sum("LDGSTS" in ins for ins in loop),
         loop_cp_async_128=sum("LDGSTS" in ins and ".128" in ins for ins in loop),
         loop_ldg=sum(bool(re.search(r"\bLDG\b", ins)) for ins in loop),
@@ -219,8 +231,10 @@ def _figures(name, B, Lq, S, num_stages):
         in_flight=in_flight, stages=1 + in_flight, ctas_per_sm=limits[limit], ctas_limit=limit,
         planned_ctas_per_sm=p["ctas_per_sm"], planned_in_flight=p["num_stages"] - 2, programs=programs,
         balance=programs / DEFAULT_NUM_SMS / -(-programs // DEFAULT_NUM_SMS), passes=p["n_head_blocks"],
-        in_flight_B=in_flight * p["tile_bytes"], cache_B=cache, io_B=io, partial_B=partial, model_s=model_s,
-        floor_s=floor_s, model_pct=100 * floor_s / model_s)
+        in_flight_B=in_flight * p["tile_bytes"], cache_B=cache, io_B=io, partial_B=partial, flops=flops,
+        flop_per_byte=flops / (cache + io), mem_floor_s=mem_floor_s, compute_floor_s=compute_floor_s, floor_s=floor_s,
+        bound="compute" if compute_floor_s > mem_floor_s else "memory", model_s=model_s,
+        roofline_pct=100 * floor_s / model_s)
 
 
 def table():
@@ -230,7 +244,8 @@ def table():
              f"{f['loop_cp_async']} cp.async ({f['loop_cp_async_128']} x 128-bit), {f['loop_ldg']} LDG",
              f"{f['stages']} ({f['in_flight']} in flight)", f"{f['ctas_per_sm']} ({f['ctas_limit']})", f["programs"],
              f"{f['balance']:.2f}", f["passes"], f["in_flight_B"], f["cache_B"], f["partial_B"],
-             f"{f['model_s'] * 1e6:.2f}", f"{f['model_pct']:.1f}"] for f in figures_many(CONFIGS)]
+             f"{f['flop_per_byte']:.1f}", f"{f['mem_floor_s'] * 1e6:.2f}", f"{f['compute_floor_s'] * 1e6:.2f}",
+             f["bound"], f"{f['model_s'] * 1e6:.2f}", f"{f['roofline_pct']:.1f}"] for f in figures_many(CONFIGS)]
 
 
 def runtime_build(name, B, Lq, S):

@@ -331,7 +331,7 @@ def ridges():
     peak of wgmma and at mma.sync's (our kernel's tiles under 64 rows), from kernels.TENSOR_FLOPS_PER_S."""
     import kernels
 
-    return {f"{gpu}, {mma} peak ({name})": kernels.TENSOR_FLOPS_PER_S[mma] / bandwidth
+    return {f"{gpu} ridge, {mma} ({name}) peak": kernels.TENSOR_FLOPS_PER_S[mma] / bandwidth
             for gpu, bandwidth in (("H100", H100_HBM_BYTES_PER_S), ("H200", kernels.HBM_BYTES_PER_S))
             for mma, name in (("HGMMA", "wgmma"), ("HMMA", "mma.sync"))}
 
@@ -353,7 +353,7 @@ def plot_roofline(rows, path):
         colour = "firebrick" if h100 else "black"
         below = h100 and not wgmma  # H100's 197 sits just under H200's 206: its label goes under its line
         ax.axhline(ridge, color=colour, lw=1.0, ls="-" if wgmma else ":", zorder=1)
-        ax.annotate(f"{gpu_label}: {ridge:.0f}", (ROOFLINE_LQ[0], ridge), xytext=(0, -2 if below else 2),
+        ax.annotate(f"{gpu_label}: {ridge:.0f} FLOP/byte", (ROOFLINE_LQ[0], ridge), xytext=(0, -2 if below else 2),
                     textcoords="offset points", fontsize=7, color=colour, va="top" if below else "bottom")
     for label in colours:
         for tp in ROOFLINE_TP:
@@ -390,7 +390,7 @@ def run_roofline(output):
         same = [x["flop_per_byte"] for x in rows if (x["label"], x["tp"]) == (r["label"], r["tp"])]
         print(f"  {r['label']:<6} tp {r['tp']} ({r['n_head']:>2} heads): " + " ".join(f"{v:6.1f}" for v in same))
     for label, ridge in ridges().items():
-        print(f"  ridge {label}: {ridge:.0f}")
+        print(f"  {label}: {ridge:.0f}")
     return 0
 
 

@@ -1388,7 +1388,7 @@ def test_roofline_figure(tmp_path, capsys):
         assert value == pytest.approx(per_lq[variant, tp] * Lq, rel=2.5e-2), (variant, tp, Lq)
     ridges = plot.ridges()
     assert max(rows[v, tp, 16] for v, tp in [("gqa", 1), ("gqa", 2)]) < min(ridges.values())
-    h200 = ridges["H200, HGMMA peak (wgmma)"]
+    h200 = ridges["H200 ridge, HGMMA (wgmma) peak"]
     assert rows["mla", 1, 4] < h200 < rows["mla", 1, 8]
     assert f"GQA    tp 1 (24 heads): {rows['gqa', 1, 1]:6.1f}" in out and f"{h200:.0f}" in out
     assert plot.main(["--roofline", "--output", str(tmp_path / "r.svg")]) == 2

@@ -19,13 +19,15 @@ n_latent_heads 2) in make_config, train.py and plot.py.
 Training runs the "naive" form (rebuild every head's K and V, then F.scaled_dot_product_attention). Decoding fills a
 preallocated cache: a prompt, bound by compute, attends in the training form; a decode step, bound by the bytes it
 reads, in the "absorbed" form through kernels.py (derived in LatentAttention.forward). Under tensor parallelism each
-rank keeps a shard (shard_for_tp). Sampling from a trained run: `python train.py --sample RUN --prompt TEXT`.
+rank keeps a shard (shard_for_tp). A trained run loads with load_run (sampling from it: `python train.py --sample RUN
+--prompt TEXT`), and peak_bytes measures what one training step of a config holds, on fake tensors.
 
 Einsum letters: b batch, t position (queries; the cached keys in a prompt), g KV / latent head (group), k query head
 within its group (query head h = g * n_head / n_groups + k), d per-head feature, r latent dims of one latent head.
 """
 
 import functools
+import hashlib
 import json
 import math
 import pathlib
@@ -420,6 +422,9 @@ class KVCache(nn.Module):
 # The model: training forward, decode, generate
 
 
+ZERO_INIT = ("attn.wo.weight", "mlp.w3.weight")  # output projections start at zero: each block is the identity
+
+
 class GPT(nn.Module):
     """Decoder-only transformer as in Liu et al. 2026's ablation: tied embeddings, no biases, pre-norm RMSNorm,
     SwiGLU, RoPE. Init: every weight N(0, init_std), the attention and MLP output projections zero (each block
@@ -433,12 +438,29 @@ class GPT(nn.Module):
         self.norm = nn.RMSNorm(config.n_embd, eps=config.norm_eps)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.lm_head.weight = self.tok_emb.weight  # tied
-        for p in self.parameters():
+        for name, p in self.named_parameters():
             if p.dim() >= 2:
                 nn.init.normal_(p, mean=0.0, std=config.init_std)
-        for block in self.blocks:
-            nn.init.zeros_(block.attn.wo.weight)
-            nn.init.zeros_(block.mlp.w3.weight)
+            if name.endswith(ZERO_INIT):
+                nn.init.zeros_(p)
+
+    def couple_init(self, seed, twin):
+        """Redraw every N(0, init_std) weight for common random numbers with the model of GPTConfig `twin` (the
+        other arm of a double-heads pair): weight `name` is drawn from a stream keyed by (seed, name), at the larger
+        of its two shapes, and keeps the leading slice. Each weight stays N(0, init_std) element by element, as in
+        __init__, while what the two arms share (the embedding, the KV or latent projections, the leading rows of
+        the query and MLP projections) starts equal, so noise common to both cancels in their difference. The
+        zero output projections and the RMSNorm gains are left as they are."""
+        with torch.device("meta"):
+            other = dict(GPT(twin).named_parameters())
+        for name, p in self.named_parameters():
+            if p.dim() < 2 or name.endswith(ZERO_INIT):
+                continue
+            key = int.from_bytes(hashlib.blake2b(repr((seed, name)).encode(), digest_size=8).digest(), "little")
+            shape = [max(a, b) for a, b in zip(p.shape, other[name].shape)]
+            w = torch.randn(shape, generator=torch.Generator().manual_seed(key)) * self.config.init_std
+            with torch.no_grad():
+                p.copy_(w[tuple(slice(n) for n in p.shape)])
 
     def num_params(self):
         """Parameter count, the tied embedding once."""

@@ -101,6 +101,9 @@ def get_args(argv=None):
     p.add_argument("--decay", default="all", choices=["all", "matrices"],
                    help="parameters that weight decay pulls toward zero: all (the paper's release, RMSNorm "
                         "gains included; default) or matrices (nanoGPT's convention: not the norms)")
+    p.add_argument("--init", default="independent", choices=["independent", "coupled"],
+                   help="coupled: the two arms of a seed share the draws of what they have in common "
+                        "(common random numbers, gla.GPT.couple_init)")
     p.add_argument("--grad_clip", type=float, default=1.0)
     p.add_argument("--eval_interval", type=int, help="steps between validation evaluations")
     p.add_argument("--eval_iters", type=int, help="validation batches per evaluation")
@@ -501,7 +504,7 @@ def run_spec(args, config, data, dtype):
     """What a run is: resuming under any other spec is refused. dtype: its autocast dtype."""
     train = {k: getattr(args, k) for k in ("preset", "max_iters", "batch_size", "grad_accum", "learning_rate",
                                            "warmup_iters", "weight_decay", "decay", "grad_clip", "eval_interval",
-                                           "eval_iters", "seed", "data_order")}
+                                           "eval_iters", "seed", "data_order", "init")}
     train["dtype"] = str(dtype).removeprefix("torch.")
     # The data is identified by its content (fingerprint), not by its path, so a
     # moved or relatively-named folder still resumes.
@@ -617,7 +620,10 @@ def train_run(args, variant, double_heads, data, ctx, log):
     ckpt_path, metrics_path = folder / "ckpt.pt", folder / "metrics.jsonl"
 
     torch.manual_seed(args.seed)  # same init for every process and every resume
-    model = gla.GPT(config).to(ctx.device)
+    model = gla.GPT(config)
+    if args.init == "coupled":
+        model.couple_init(args.seed, model_config(args, variant, not double_heads))
+    model.to(ctx.device)
     optimizer = make_optimizer(model, args)
     step, elapsed, loss_sum, loss_count, rows = 0, 0.0, 0.0, 0, []
     if args.resume and ckpt_path.exists():

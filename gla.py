@@ -43,7 +43,7 @@ import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.distributed._tools.mem_tracker import MemTracker
 
-from kernels import MAX_LQ, decode_attention, decode_attention_ref
+from kernels import MAX_LQ, decode_attention, decode_attention_ref, decode_mask
 
 # ----------------------------------------------------------------------------
 # The config: presets, the paper's ratios, the MLP width rule
@@ -180,28 +180,30 @@ def make_config(preset="tiny", variant="gqa", double_heads=False, n_head=None, n
 
 
 def rope_cos_sin(positions, dim, theta):
-    """RoPE angles (Su et al. 2021, RoFormer, Sec. 3.4) of positions (B or 1, T) int64: cos, sin (B or 1, T, 1, dim)
-    float32. Pair i is (i, i + dim/2), the GPT-NeoX / Llama layout rather than RoFormer's adjacent pairs; computed
-    per call, so decoding has no table to outgrow."""
-    inv_freq = theta ** (-torch.arange(0, dim, 2, device=positions.device, dtype=torch.float32) / dim)
+    """RoPE angles (Su et al. 2021, RoFormer, Sec. 3.4) of positions (B or 1, T) int64: cos and the signed sin,
+    (B or 1, T, 1, dim) float32 each: cos of angle i at i and i + dim/2, -sin at i and +sin at i + dim/2. Pair i is
+    (i, i + dim/2), the GPT-NeoX / Llama layout rather than RoFormer's adjacent pairs; computed per call, so
+    decoding has no table to outgrow."""
+    inv_freq = torch.pow(theta, -torch.arange(0, dim, 2, device=positions.device, dtype=torch.float32) / dim)
     angles = positions.float()[..., None] * inv_freq  # (B, T, dim/2)
-    angles = torch.cat((angles, angles), dim=-1)[:, :, None, :]  # (B, T, 1, dim)
-    return angles.cos(), angles.sin()
+    cos, sin = angles.cos(), angles.sin()
+    return torch.cat((cos, cos), dim=-1)[:, :, None, :], torch.cat((-sin, sin), dim=-1)[:, :, None, :]
 
 
 def apply_rope(x, cos, sin):
-    """Rotate the pairs (x_i, x_{i+dim/2}) of x (B, T, H, dim) by the angles; x's dtype out."""
+    """Rotate the pairs (x_i, x_{i+dim/2}) of x (B, T, H, dim) by rope_cos_sin's angles; x's dtype out. The pair
+    (x_i cos - x_{i+dim/2} sin, x_{i+dim/2} cos + x_i sin) is x * cos + (x rolled by dim/2) * the signed sin."""
     x32 = x.float()
-    x1, x2 = x32.chunk(2, dim=-1)
-    return (x32 * cos + torch.cat((-x2, x1), dim=-1) * sin).to(x.dtype)
+    return (x32 * cos + x32.roll(x.shape[-1] // 2, dims=-1) * sin).to(x.dtype)
 
 
 def causal_attention(q, k, v, softmax_scale=None, attn_mask=None):
     """Causal softmax attention through F.scaled_dot_product_attention: q (B, T, H, Dqk), k (B, S, Hkv, Dqk),
     v (B, S, Hkv, Dv) -> (B, T, H, Dv); query head h reads KV head h // (H // Hkv). attn_mask None: plain causal,
-    else (B, 1, T, S) bool, True where a query may look. SDPA's fused kernels need Dv == Dqk, or it falls back to a
-    math path that materialises every head's scores (MLA: 192-dim keys, 128-dim values): we pad the narrower side
-    with zeros instead, which add nothing to the scores or give output columns we slice off."""
+    else (B, 1, T, S) additive (kernels.decode_mask: 0 where a query may look, -inf elsewhere). SDPA's fused kernels
+    need Dv == Dqk, or it falls back to a math path that materialises every head's scores (MLA: 192-dim keys, 128-dim
+    values): we pad the narrower side with zeros instead, which add nothing to the scores or give output columns we
+    slice off."""
     dqk, dv = q.size(-1), v.size(-1)
     scale = softmax_scale if softmax_scale is not None else dqk**-0.5
     if dv < dqk:
@@ -363,11 +365,13 @@ class Block(nn.Module):
 class CacheSlots(NamedTuple):
     """Where one GPT.decode call's Lq new tokens go, in every layer: positions (B, Lq) int64, their cache slots and
     RoPE positions; seqlens (B,) int32, the tokens cached once they are written (the kernel's cache_seqlens);
-    max_seqlen, a host-side bound on seqlens, so that slicing the cache never waits for a GPU."""
+    max_seqlen, a host-side bound on seqlens, so that slicing the cache never waits for a GPU; decode_mask, the CPU
+    decode path's kernels.decode_mask(positions, max_seqlen), built once for every layer (None: each builds one)."""
 
     positions: torch.Tensor
     seqlens: torch.Tensor
     max_seqlen: int
+    decode_mask: torch.Tensor | None = None
 
     @property
     def use_decode_attention(self):
@@ -377,11 +381,11 @@ class CacheSlots(NamedTuple):
         return Lq <= MAX_LQ and self.max_seqlen > Lq
 
     def prefill_mask(self):
-        """SDPA's mask for a chunk after cached tokens, (B, 1, Lq, max_seqlen) bool: new token i of sequence b sees
-        the cache up to its own position. None for a prompt (plain causal)."""
+        """SDPA's mask for a chunk after cached tokens, kernels.decode_mask of positions (B, 1, Lq, max_seqlen): new
+        token i of sequence b sees the cache up to its own position. None for a prompt (plain causal)."""
         if self.max_seqlen == self.positions.shape[1]:
             return None
-        return torch.arange(self.max_seqlen, device=self.positions.device) <= self.positions[:, None, :, None]
+        return decode_mask(self.positions, self.max_seqlen)
 
 
 class KVCache(nn.Module):
@@ -400,9 +404,9 @@ class KVCache(nn.Module):
 
     def update(self, k, v, slots):
         """Write the new tokens' k (B, Lq, Hk, Dk) and v (B, Lq, Hkv, Dv) at slots.positions."""
-        rows = torch.arange(k.shape[0], device=k.device)[:, None]  # (B, 1) against positions (B, Lq)
-        self.k_cache.transpose(1, 2)[rows, slots.positions] = k.to(self.k_cache.dtype)
-        self.v_cache.transpose(1, 2)[rows, slots.positions] = v.to(self.v_cache.dtype)
+        at = (torch.arange(k.shape[0], device=k.device)[:, None], slots.positions)  # rows (B, 1), positions (B, Lq)
+        self.k_cache.transpose(1, 2).index_put_(at, k.to(self.k_cache.dtype))
+        self.v_cache.transpose(1, 2).index_put_(at, v.to(self.v_cache.dtype))
 
     def prefix(self, slots, dtype):
         """The first slots.max_seqlen cached tokens in dtype: k (B, S, Hk, Dk), v (B, S, Hkv, Dv)."""
@@ -413,7 +417,7 @@ class KVCache(nn.Module):
         """Decode attention of q (B, Lq, Hq, Dk) (and qv) over the cache, the new tokens included: (B, Lq, Hq, Dv)
         in q's dtype. The Triton kernel on CUDA, else the PyTorch reference."""
         dtype = self.k_cache.dtype  # in the cache's dtype (autocast may have made q bf16)
-        attention = decode_attention if q.is_cuda else decode_attention_ref
+        attention = decode_attention if q.is_cuda else functools.partial(decode_attention_ref, mask=slots.decode_mask)
         return attention(q.to(dtype), self.k_cache.transpose(1, 2), self.v_cache.transpose(1, 2), slots.seqlens,
                          None if qv is None else qv.to(dtype), softmax_scale, max_seqlen=slots.max_seqlen).to(q.dtype)
 
@@ -522,7 +526,10 @@ class GPT(nn.Module):
         if max_seqlen < Lq:
             raise ValueError(f"max_seqlen={max_seqlen} must count the Lq={Lq} new tokens too")
         positions = cache_seqlens[:, None].long() + torch.arange(Lq, device=idx.device)  # (B, Lq)
-        return self._run(idx, positions, CacheSlots(positions, (cache_seqlens + Lq).to(torch.int32), max_seqlen))
+        slots = CacheSlots(positions, (cache_seqlens + Lq).to(torch.int32), max_seqlen)
+        if slots.use_decode_attention and not idx.is_cuda:  # the CPU decode path: one mask for every layer
+            slots = slots._replace(decode_mask=decode_mask(positions, max_seqlen))
+        return self._run(idx, positions, slots)
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, compile=False):
@@ -541,13 +548,17 @@ class GPT(nn.Module):
         out = idx.new_empty(B, S)
         out[:, :T] = idx
         cached = torch.zeros(B, dtype=torch.int32, device=idx.device)  # tokens in the cache
-        logits = self.decode(idx, cached, max_seqlen=T)[:, -1]  # prefill
         step = torch.compile(self.decode, fullgraph=True, dynamic=False) if compile else self.decode
-        for t in range(T, S):
-            out[:, t] = sample(logits, temperature, top_k)
-            if t + 1 < S:
-                cached.fill_(t)
-                logits = step(out[:, t:t + 1], cached, max_seqlen=S if compile else t + 1)[:, -1]
+        # Eager steps run in inference mode, without autograd's bookkeeping (version counters, views) on every op:
+        # a small model's step on a CPU is mostly that overhead. torch.compile does not yet trace in-place cache
+        # writes in inference mode (torch 2.13), so compiled steps run under no_grad only.
+        with torch.inference_mode(not compile):
+            logits = self.decode(idx, cached, max_seqlen=T)[:, -1]  # prefill
+            for t in range(T, S):
+                out[:, t] = sample(logits, temperature, top_k)
+                if t + 1 < S:
+                    cached.fill_(t)
+                    logits = step(out[:, t:t + 1], cached, max_seqlen=S if compile else t + 1)[:, -1]
         return out
 
 

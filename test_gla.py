@@ -266,21 +266,21 @@ def test_paper_dry_run():
 
 
 def record_attention(monkeypatch):
-    """Spy on the model's two attention paths: a list that each layer appends to,
-    ("sdpa", Lq) for F.scaled_dot_product_attention, ("decode", Lq) for the decode kernel's
-    CPU path (decode_attention_ref)."""
+    """Spy on the model's two attention paths: a list that each layer appends to, ("sdpa", Lq) for the training
+    form (gla.causal_attention), ("decode", Lq) for the decode kernel's CPU path (decode_attention_ref, which calls
+    SDPA too)."""
     calls = []
-    sdpa, ref = F.scaled_dot_product_attention, gla.decode_attention_ref
+    sdpa, ref = gla.causal_attention, gla.decode_attention_ref
 
     def spy_sdpa(q, *args, **kwargs):
-        calls.append(("sdpa", q.shape[2]))  # q (B, H, Lq, D)
+        calls.append(("sdpa", q.shape[1]))  # q (B, Lq, H, D)
         return sdpa(q, *args, **kwargs)
 
     def spy_ref(q, *args, **kwargs):
         calls.append(("decode", q.shape[1]))  # q (B, Lq, H, D)
         return ref(q, *args, **kwargs)
 
-    monkeypatch.setattr(F, "scaled_dot_product_attention", spy_sdpa)
+    monkeypatch.setattr(gla, "causal_attention", spy_sdpa)
     monkeypatch.setattr(gla, "decode_attention_ref", spy_ref)
     return calls
 
@@ -318,7 +318,7 @@ def test_model_decode_through_the_triton_kernel(variant, monkeypatch):
     and a prompt longer than kernels.MAX_LQ never reaches it."""
     lqs = []
 
-    def kernel(q, *args, **kwargs):
+    def kernel(q, *args, mask, **kwargs):  # the CPU path's mask: the kernel masks by cache_seqlens itself
         lqs.append(q.shape[1])
         return kernels.decode_attention(q, *args, **kwargs)
 
@@ -407,6 +407,9 @@ def test_greedy_generate_matches_full_recompute(variant):
         logits, _ = model(ref)
         ref = torch.cat([ref, logits[:, -1].argmax(-1, keepdim=True)], dim=1)
     assert torch.equal(out, ref)
+    # The cache that generate filled (its steps in inference mode) takes one more step outside it.
+    logits = model.decode(out[:, -1:], torch.full((2,), 16, dtype=torch.int32))
+    assert (logits[:, -1] - model(out)[0][:, -1]).abs().max() < 1e-4
     sampled = model.generate(prompt, max_new_tokens=4, temperature=0.8, top_k=5)
     assert sampled.shape == (2, 9) and torch.equal(sampled[:, :5], prompt)
 
@@ -671,15 +674,19 @@ def test_text_codec_bytes_and_gpt2_ids(monkeypatch):
 
 
 def test_decode_bench_prints_machine_and_tables_without_transformers(monkeypatch, capsys):
+    heads = []
+
     def no_transformers(config):
+        heads.append(config.n_head)
         raise ImportError("no transformers")
 
     monkeypatch.setattr(decode_cpu, "hf_twin", no_transformers)
     monkeypatch.setattr(decode_cpu, "CALLS", 1)
-    decode_cpu.main(["--variants", "gla2", "--batch_sizes", "2", "--prompt_len", "3", "--new_tokens", "2",
-                     "--context_len", "6", "--repeats", "1"])
+    decode_cpu.main(["--variants", "gla2", "--double_heads", "--batch_sizes", "2", "--prompt_len", "3",
+                     "--new_tokens", "2", "--context_len", "6", "--repeats", "1"])
     out = capsys.readouterr().out
     assert f"torch {torch.__version__}" in out and f"{torch.get_num_threads()} threads" in out
+    assert "tiny, double heads," in out and heads == [2 * gla.make_config("tiny", "gla2").n_head]
     assert re.search(r"^\| gla2 \| 2 \| \d+ \| - \| - \|$", out, re.M)  # ours only: no HF columns
     assert re.search(r"^\| gla2 \| \d+\.\d\d \| \d+\.\d\d \| \d+\.\d \|$", out, re.M)  # step vs full forward
     for bad, match in [(["--context_len", "1"], "--context_len must be >= 2"), (["--variants", "gla0"], "GLA-0")]:
@@ -734,6 +741,11 @@ def _inputs(B, S, Lq, Hq, Hkv, Hk, Dk, Dv, use_qv, dtype, seqlens):
     return q, k_cache, v_cache, cache_seqlens, qv
 
 
+def _ref(q, k_cache, v_cache, cache_seqlens, qv=None, **kwargs):
+    """The reference of _inputs' data: it needs finite values past cache_seqlens, so it reads their NaN as 0."""
+    return kernels.decode_attention_ref(q, k_cache.nan_to_num(), v_cache.nan_to_num(), cache_seqlens, qv, **kwargs)
+
+
 def _plan(name, B, Lq, dtype, max_len, num_splits=None):
     """The kernel's launch plan for a SHAPES entry."""
     Hq, Hkv, Hk, Dk, Dv, use_qv = SHAPES[name]
@@ -765,7 +777,7 @@ def _check_kernel(name, Lq, dtype, splits, seqlens=None, q_scale=1.0):
     S = max(seqlens)
     q, k_cache, v_cache, cache_seqlens, qv = _inputs(3, S, Lq, Hq, Hkv, Hk, Dk, Dv, use_qv, dtype, seqlens)
     q, qv = q * q_scale, None if qv is None else qv * q_scale
-    ref = kernels.decode_attention_ref(q, k_cache, v_cache, cache_seqlens, qv)
+    ref = _ref(q, k_cache, v_cache, cache_seqlens, qv)
     assert not ref.isnan().any()
     for num_splits in splits:
         out = torch.full((3, Lq, Hq, Dv), float("nan"), dtype=dtype)  # poisoned: unwritten stays NaN
@@ -813,7 +825,7 @@ def test_kernel_reads_strided_cache_seqlens():
     q, k_cache, v_cache, _, qv = _inputs(2, 40, 1, 8, 2, 1, 16, 32, True, torch.float32, [40, 5])
     strided = torch.tensor([40, 99, 5, 99], dtype=torch.int32)[::2]  # a view with stride 2
     torch.testing.assert_close(kernels.decode_attention(q, k_cache, v_cache, strided, qv),
-                               kernels.decode_attention_ref(q, k_cache, v_cache, strided, qv),
+                               _ref(q, k_cache, v_cache, strided, qv),
                                **_tol(torch.float32, 16 + 32))
 
 
@@ -828,7 +840,7 @@ def test_kernel_on_cuda(name, dtype):
         args = _inputs(3, 3000, Lq, Hq, Hkv, Hk, Dk, Dv, use_qv, dtype, [3000, 77, 1029])
         q, k_cache, v_cache, seqlens, qv = (None if t is None else t.cuda() for t in args)
         out = kernels.decode_attention(q, k_cache, v_cache, seqlens, qv)
-        ref = kernels.decode_attention_ref(q, k_cache, v_cache, seqlens, qv)
+        ref = _ref(q, k_cache, v_cache, seqlens, qv)
         tol = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 3e-2}[dtype]
         torch.testing.assert_close(out.float(), ref.float(), atol=tol, rtol=tol)
 
@@ -842,7 +854,7 @@ def test_kernel_head_blocks_and_scale():
     assert kernels._plan(2, Lq, Hq, Hkv, Hk, Dk, Dv, True, 4, S, None, kernels.DEFAULT_NUM_SMS)["n_head_blocks"] > 1
     for scale in (None, 0.3):
         out = kernels.decode_attention(q, k_cache, v_cache, cache_seqlens, qv, softmax_scale=scale)
-        ref = kernels.decode_attention_ref(q, k_cache, v_cache, cache_seqlens, qv, softmax_scale=scale)
+        ref = _ref(q, k_cache, v_cache, cache_seqlens, qv, softmax_scale=scale)
         torch.testing.assert_close(out, ref, **_tol(torch.float32, Dk + Dv))
 
 
@@ -891,6 +903,30 @@ def test_split_count_fills_whole_waves():
 # The Hopper build of the split kernel, compiled ahead of time for sm_90 on the CPU and read with the cuobjdump and
 # nvdisasm in Triton's wheel (bench/sm90.py). It follows Triton 3.9's internals: another version skips, saying so.
 needs_sass_tools = pytest.mark.skipif(sm90.unsupported() is not None, reason=str(sm90.unsupported()))
+
+
+class Sm90Skips:
+    """A pytest plugin: the run's summary ends with one line, how many sm_90 checks were skipped and why (a
+    silent skip would hide that another Triton turned the build analysis off)."""
+
+    def pytest_terminal_summary(self, terminalreporter):
+        reasons = {}
+        for report in terminalreporter.stats.get("skipped", []):
+            if "::test_sm90" in report.nodeid:
+                reason = report.longrepr[2].removeprefix("Skipped: ")
+                reasons[reason] = reasons.get(reason, 0) + 1
+        if reasons:
+            terminalreporter.write_line(f"sm_90 checks skipped: {sum(reasons.values())} ("
+                                        + "; ".join(f"{n}: {reason}" for reason, n in reasons.items()) + ")")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def report_sm90_skips(request):
+    """Registers Sm90Skips for this run: a test module cannot define pytest's hooks itself."""
+    if not request.config.pluginmanager.has_plugin("sm90_skips"):
+        request.config.pluginmanager.register(Sm90Skips(), "sm90_skips")
+
+
 # CTAs per SM from registers and shared memory, and launch balance.
 MIN_CTAS_PER_SM = {"GQA-8 TP-8": 3, "MLA 1 GPU": 2, "GLA-2 1 GPU": 2, "MLA TP-2": 2, "GLA-2 TP-2": 2}
 BALANCE_MIN_PROGRAMS, MIN_BALANCE = 66, 0.9
@@ -1005,6 +1041,28 @@ def test_sm90_table_from_the_command_line(tmp_path, capsys, sm90_builds):
             assert row[column] == value, column
 
 
+def test_requirements_ask_for_the_triton_the_sm90_analysis_follows():
+    from packaging.requirements import Requirement  # pytest's own dependency
+
+    line = next(x for x in (REPO / "requirements.txt").read_text().splitlines() if x.startswith("triton"))
+    spec = Requirement(line).specifier
+    major, minor = map(int, sm90.TRITON_VERSION.split("."))
+    assert spec.contains(f"{major}.{minor}.0") and spec.contains(f"{major}.{minor}.9"), line
+    assert not any(spec.contains(v) for v in (f"{major}.{minor - 1}.0", f"{major}.{minor + 1}.0", f"{major + 1}.0.0"))
+
+
+def test_run_ends_saying_how_many_sm90_checks_skipped_and_why(monkeypatch):
+    # Another Triton, as a fresh install could resolve one: the run's last lines say so.
+    code = ("import sys, pytest\nfrom bench import sm90\nsm90.TRITON_VERSION = '0.0'\n"
+            "sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', 'test_gla.py', '-k', "
+            "'sm90_figures_catch or test_text_codec']))")
+    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
+    monkeypatch.setattr(sm90, "TRITON_VERSION", "0.0")
+    tail = r.stdout.strip().splitlines()[-2:]
+    assert r.returncode == 0 and re.fullmatch(r"1 passed, 1 skipped, \d+ deselected.*", tail[1]), r.stdout
+    assert tail[0] == f"sm_90 checks skipped: 1 (1: {sm90.unsupported()})", r.stdout
+
+
 @pytest.mark.parametrize("Hk, use_qv", [(1, True), (2, False)])
 def test_reference_matches_naive_loop(Hk, use_qv):
     B, S, Lq, Hq, Hkv, Dk, Dv = 2, 6, 2, 4, 2, 3, 5
@@ -1023,7 +1081,7 @@ def test_reference_matches_naive_loop(Hk, use_qv):
                 e = [math.exp(scale * (x - max(s))) for x in s]
                 for j in range(n):
                     want[b, i, h] += e[j] / sum(e) * v_cache[b, j, vh]
-    got = kernels.decode_attention_ref(q, k_cache, v_cache, cache_seqlens, qv)
+    got = _ref(q, k_cache, v_cache, cache_seqlens, qv)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)  # the reference does float32 math
 
 
@@ -1050,6 +1108,12 @@ def _bad(case):
         a["qv"] = torch.randn(2, 2, 4, 8)
     elif case == "dk":
         a["k_cache"] = torch.randn(2, 8, 1, 4)
+    elif case == "rank":
+        a["q"] = torch.randn(2, 2, 4, 8, 1)
+    elif case == "batch":
+        a["v_cache"] = torch.randn(3, 8, 2, 16)
+    elif case == "device":
+        a["qv"] = a["qv"].to("meta")
     return a
 
 
@@ -1057,6 +1121,8 @@ def _bad(case):
     ("heads", "multiple of Hkv"), ("hk", "expected 1 .* or Hkv"), ("too_long", r"\[Lq, S\]"),
     ("too_short", r"\[Lq, S\]"), ("seqlens_dtype", "int32"), ("mixed_dtype", "share one floating dtype"),
     ("int_dtype", "floating dtype"), ("qv_shape", r"qv must have shape"), ("dk", "head dim"),
+    ("rank", r"4-D .* got q \(2, 2, 4, 8, 1\)"), ("batch", r"share the batch .* v_cache \(3, 8, 2, 16\)"),
+    ("device", "one device; got q on cpu, cache_seqlens on cpu, .* qv meta"),
 ])
 def test_bad_inputs_raise(case, match):
     for fn in (kernels.decode_attention, kernels.decode_attention_ref):
@@ -1534,6 +1600,7 @@ def write_tokens(path, tokens, header=None):
 
 def bad_inputs(tmp_path):
     """argv -> the words the error must contain."""
+    threads = torch.get_num_threads()  # what train.py's context gives the --jobs workers to share
     (tmp_path / "empty.txt").write_bytes(b"")
     (tmp_path / "short.txt").write_bytes(b"too short for a block")
     odd = tmp_path / "odd"
@@ -1585,6 +1652,8 @@ def bad_inputs(tmp_path):
         ("--seed", str(2**32 - 1), "--seeds", "2"): "= [0, 4294967294], got 4294967295",
         ("--seeds", "0"): "--seeds must be positive",
         ("--jobs", "0"): "--jobs must be positive",
+        # More jobs than threads would leave a worker none (torch.set_num_threads(0) raises in each).
+        ("--seeds", str(threads + 1), "--jobs", str(threads + 1)): f"at most {threads} seed(s) at once",
         ("--warmup_iters", "-1"): "--warmup_iters must be zero or more",
         ("--resume", "--overwrite"): "contradict",
     }

@@ -988,13 +988,13 @@ def check_memory(args, configs, ctx, jobs):
 
 
 def jobs_of(args, ctx):
-    """Processes that train seeds side by side: --jobs, else as many as seeds and
-    threads allow on CPU, 1 on GPUs and under torchrun. Raises UsageError."""
-    if args.jobs is None:
-        return max(1, min(args.seeds, ctx.threads)) if ctx.device.type == "cpu" and ctx.world_size == 1 else 1
-    if args.jobs > 1 and (ctx.device.type != "cpu" or ctx.world_size > 1):
-        raise UsageError("--jobs is for CPU runs in one process; on GPUs, use torchrun")
-    return min(args.jobs, args.seeds)
+    """Processes that train seeds side by side, ctx.threads // jobs threads each: --jobs, else as many as seeds and
+    threads allow on CPU; 1 on GPUs and under torchrun. Raises UsageError for more than that."""
+    most = ctx.threads if ctx.device.type == "cpu" and ctx.world_size == 1 else 1
+    if min(args.jobs or most, args.seeds) > most:
+        raise UsageError(f"--jobs {args.jobs}: this run trains at most {most} seed(s) at once (one per CPU thread, "
+                         f"torch has {ctx.threads}; one on GPUs and under torchrun); use --jobs {most} or fewer")
+    return min(args.jobs or most, args.seeds)
 
 
 def train_seeds(args, seeds, data, ctx, log):

@@ -6,7 +6,7 @@ Greedy generation tokens/s (B x new tokens / median seconds of interleaved runs,
 DeepSeek-V3 for MLA and GLA-2; skipped without transformers); then, at --context_len tokens, the cost of the next
 token through the cache against a full forward. float32.
 
-    python bench/decode_cpu.py [--variants gqa mla gla2] [--batch_sizes 1 8] [--compile]
+    python bench/decode_cpu.py [--variants gqa mla gla2] [--double_heads] [--batch_sizes 1 8] [--compile] [--threads 1]
 """
 import argparse
 import pathlib
@@ -27,6 +27,7 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--preset", default="tiny", choices=list(gla.PRESETS))
     p.add_argument("--variants", nargs="+", default=["gqa", "mla", "gla2"], help="e.g. gqa mla gla2")
+    p.add_argument("--double_heads", action="store_true", help="the variants with twice the query heads")
     p.add_argument("--batch_sizes", type=int, nargs="+", default=[1, 8])
     p.add_argument("--prompt_len", type=int, default=32)
     p.add_argument("--new_tokens", type=int, default=256)
@@ -41,7 +42,7 @@ def main(argv=None):
     if min(args.batch_sizes) < 1 or (args.threads is not None and args.threads < 1):
         p.error("--batch_sizes and --threads must be >= 1")
     try:
-        configs = {v: gla.make_config(args.preset, v, block_size=args.prompt_len + args.new_tokens)
+        configs = {v: gla.make_config(args.preset, v, args.double_heads, block_size=args.prompt_len + args.new_tokens)
                    for v in args.variants}
     except gla.ConfigError as e:
         p.error(str(e))
@@ -49,7 +50,8 @@ def main(argv=None):
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     P, N = args.prompt_len, args.new_tokens
-    print(f"Decode benchmark on {machine()}\npreset {args.preset}, float32, greedy, {P}-token prompt + {N} new "
+    heads = ", double heads" if args.double_heads else ""
+    print(f"Decode benchmark on {machine()}\npreset {args.preset}{heads}, float32, greedy, {P}-token prompt + {N} new "
           f"tokens; tokens/s = B x {N} / median seconds of {args.repeats} interleaved runs (prefill included)\n")
     names = ["ours"] + (["ours compiled"] if args.compile else []) + ["HF"]
     print("| variant | B | " + " | ".join(f"{n} tok/s" for n in names) + " | "
@@ -85,7 +87,7 @@ def main(argv=None):
           f"forward over all {L} (median of {args.repeats} interleaved runs of {CALLS} calls):\n")
     print("| variant | decode step ms | full forward ms | speedup |\n|---|---|---|---|")
     for variant in args.variants:
-        model = gla.GPT(gla.make_config(args.preset, variant, block_size=L)).eval()
+        model = gla.GPT(gla.make_config(args.preset, variant, args.double_heads, block_size=L)).eval()
         idx = torch.randint(0, model.config.vocab_size, (1, L))
         model.setup_cache(1, L)
         cached = torch.full((1,), L - 1, dtype=torch.int32)

@@ -57,7 +57,7 @@ SHARD_MAGIC, SHARD_VERSION, SHARD_HEADER_INTS = 20240520, 1, 256
 # Training defaults per preset; paper = Liu et al. 2026's ablation, as its MLRA release trains it
 # (60 sequences x 8 GPUs, 100k iterations, ~98B tokens).
 TRAIN_DEFAULTS = {
-    "tiny": dict(max_iters=400, batch_size=16, learning_rate=1e-3, warmup_iters=200,
+    "tiny": dict(max_iters=400, batch_size=16, learning_rate=2e-3, warmup_iters=200,
                  eval_interval=25, eval_iters=8, ckpt_interval=100, seeds=2),
     "small": dict(max_iters=10000, batch_size=64, learning_rate=6e-4, warmup_iters=500,
                   eval_interval=250, eval_iters=20, ckpt_interval=1000, seeds=1),

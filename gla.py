@@ -417,9 +417,11 @@ class KVCache(nn.Module):
         """Decode attention of q (B, Lq, Hq, Dk) (and qv) over the cache, the new tokens included: (B, Lq, Hq, Dv)
         in q's dtype. The Triton kernel on CUDA, else the PyTorch reference."""
         dtype = self.k_cache.dtype  # in the cache's dtype (autocast may have made q bf16)
-        attention = decode_attention if q.is_cuda else functools.partial(decode_attention_ref, mask=slots.decode_mask)
-        return attention(q.to(dtype), self.k_cache.transpose(1, 2), self.v_cache.transpose(1, 2), slots.seqlens,
-                         None if qv is None else qv.to(dtype), softmax_scale, max_seqlen=slots.max_seqlen).to(q.dtype)
+        args = (q.to(dtype), self.k_cache.transpose(1, 2), self.v_cache.transpose(1, 2), slots.seqlens,
+                None if qv is None else qv.to(dtype), softmax_scale)
+        if q.is_cuda:
+            return decode_attention(*args, max_seqlen=slots.max_seqlen).to(q.dtype)
+        return decode_attention_ref(*args, max_seqlen=slots.max_seqlen, mask=slots.decode_mask).to(q.dtype)
 
 
 # ----------------------------------------------------------------------------

@@ -101,9 +101,9 @@ def get_args(argv=None):
     p.add_argument("--decay", default="all", choices=["all", "matrices"],
                    help="parameters that weight decay pulls toward zero: all (the paper's release, RMSNorm "
                         "gains included; default) or matrices (nanoGPT's convention: not the norms)")
-    p.add_argument("--init", default="independent", choices=["independent", "coupled"],
-                   help="coupled: the two arms of a seed share the draws of what they have in common "
-                        "(common random numbers, gla.GPT.couple_init)")
+    p.add_argument("--init", default="coupled", choices=["coupled", "independent"],
+                   help="coupled (default): the two arms of a seed share the draws of what they have in common "
+                        "(common random numbers, gla.GPT.couple_init); independent: each model draws its own")
     p.add_argument("--grad_clip", type=float, default=1.0)
     p.add_argument("--eval_interval", type=int, help="steps between validation evaluations")
     p.add_argument("--eval_iters", type=int, help="validation batches per evaluation")

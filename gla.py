@@ -40,8 +40,6 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
-from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.distributed._tools.mem_tracker import MemTracker
 
 from kernels import MAX_LQ, decode_attention, decode_attention_ref, decode_mask
 
@@ -771,6 +769,10 @@ def peak_bytes(config, micro_batch, dtype, train=True):
 
 @functools.lru_cache(maxsize=None)
 def _tracked_peak(fields, micro_batch, dtype, train):
+    # Imported here: the tracker pulls in torch._inductor, which costs every process ~1.5 s at startup.
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed._tools.mem_tracker import MemTracker
+
     config = GPTConfig(**dict(fields))
     with FakeTensorMode(), warnings.catch_warnings():
         warnings.filterwarnings("ignore", "Mismatch dtype between input and weight")  # RMSNorm under bf16 autocast

@@ -769,7 +769,7 @@ def peak_bytes(config, micro_batch, dtype, train=True):
 
 @functools.lru_cache(maxsize=None)
 def _tracked_peak(fields, micro_batch, dtype, train):
-    # Imported here: the tracker pulls in torch._inductor, which costs every process ~1.5 s at startup.
+    # Imported here: the tracker pulls in torch._inductor, about 2 s at the start of every process that imports gla.
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.mem_tracker import MemTracker
 

@@ -16,6 +16,7 @@ The analysis follows the internals of Triton 3.9 (the runtime's specialisation);
 (and the tests skip) instead of printing wrong figures.
 """
 import argparse
+import concurrent.futures
 import csv
 import functools
 import inspect
@@ -106,24 +107,29 @@ def _split_kernel_jit():
 
 @functools.cache
 def _sm90_compile(key):
-    """Compile the split kernel for sm_90 from a (signature, constexprs, attrs, options)
-    key of item tuples; return cuobjdump's resource usage, the SASS and the dynamic shared bytes."""
+    """Compile the split kernel for sm_90 from a (signature, constexprs, attrs, options) key of item tuples; return
+    the cubin and the dynamic shared bytes. Triton's compiler is not thread-safe: call this from one thread."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
     signature, constexprs, attrs, options = (dict(x) for x in key)
     src = ASTSource(_split_kernel_jit(), signature, constexprs, {k: list(map(list, v)) for k, v in attrs.items()})
     kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+    return kernel.asm["cubin"], kernel.metadata.shared
+
+
+def _read_cubin(cubin):
+    """cuobjdump's resource usage and nvdisasm's SASS of a cubin (bytes). Subprocesses only: safe to call from
+    several threads at once."""
     tools = tools_dir()
     with tempfile.TemporaryDirectory() as tmp:
-        cubin = os.path.join(tmp, "kernel.cubin")
-        with open(cubin, "wb") as f:
-            f.write(kernel.asm["cubin"])
-        runs = [subprocess.Popen([os.path.join(tools, tool), flag, cubin], stdout=subprocess.PIPE, text=True)
+        path = os.path.join(tmp, "kernel.cubin")
+        with open(path, "wb") as f:
+            f.write(cubin)
+        runs = [subprocess.run([os.path.join(tools, tool), flag, path], capture_output=True, text=True)
                 for tool, flag in (("cuobjdump", "--dump-resource-usage"), ("nvdisasm", "-c"))]
-        usage, sass = (run.communicate()[0] for run in runs)
-        if any(run.returncode for run in runs):
-            raise RuntimeError(f"cuobjdump or nvdisasm failed on the sm_90 build (exit {[r.returncode for r in runs]})")
-    return usage, sass, kernel.metadata.shared
+    if any(run.returncode for run in runs):
+        raise RuntimeError(f"cuobjdump or nvdisasm failed on the sm_90 build (exit {[r.returncode for r in runs]})")
+    return runs[0].stdout, runs[1].stdout
 
 
 def _sass_main_loop(sass):
@@ -171,9 +177,19 @@ def figures_many(configs):
         if child.returncode:
             raise RuntimeError(f"the sm_90 build failed in a child process:\n{child.stderr[-3000:]}")
         _FIGURES.update(zip(missing, json.loads(child.stdout.splitlines()[-1])))
-    for c in missing:
-        if c not in _FIGURES:
-            _FIGURES[c] = _figures(*c)
+    missing = [c for c in missing if c not in _FIGURES]
+    builds = {c: _build(*c) for c in missing}
+    # Bench shapes that specialise alike share one compile. Compiles run here, one after another, while the
+    # cubins already built are read by the tools side by side (threads that wait on subprocesses).
+    with concurrent.futures.ThreadPoolExecutor(os.cpu_count()) as pool:
+        reads = {}
+        for _, _, key in builds.values():
+            if key not in reads:
+                cubin, dynamic_smem = _sm90_compile(key)
+                reads[key] = (pool.submit(_read_cubin, cubin), dynamic_smem)
+        for c, (p, grid, key) in builds.items():
+            (usage, sass), dynamic_smem = reads[key][0].result(), reads[key][1]
+            _FIGURES[c] = _figures(*c[:4], p, grid, usage, sass, dynamic_smem)
     return [_FIGURES[c] for c in configs]
 
 
@@ -186,17 +202,21 @@ def launch(name, B, Lq, S, device="meta"):
     return p, grid, args, kwargs, o_part
 
 
-def _figures(name, B, Lq, S, num_stages):
+def _build(name, B, Lq, S, num_stages):
+    """The plan, grid and _sm90_compile key of a bench shape's launch (num_stages None: the plan's)."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import make_backend
-    p, grid, args, kwargs, o_part = launch(name, B, Lq, S)
+    p, grid, args, kwargs, _ = launch(name, B, Lq, S)
     options = (("num_warps", kwargs.pop("num_warps")), ("num_stages", num_stages or kwargs.pop("num_stages")))
     kwargs.pop("num_stages", None)
     signature, constexprs, attrs = _runtime_specialization(_split_kernel_jit(), args, kwargs,
                                                            make_backend(GPUTarget("cuda", 90, 32)))
-    # Bench shapes that specialise alike share one compile.
-    usage, sass, dynamic_smem = _sm90_compile((tuple(signature.items()), tuple(constexprs.items()),
-                                               tuple((k, tuple(map(tuple, v))) for k, v in attrs.items()), options))
+    return p, grid, (tuple(signature.items()), tuple(constexprs.items()),
+                     tuple((k, tuple(map(tuple, v))) for k, v in attrs.items()), options)
+
+
+def _figures(name, B, Lq, S, p, grid, usage, sass, dynamic_smem):
+    """figures_many's dict of one build: its plan and grid, cuobjdump's usage, the SASS, the dynamic shared bytes."""
     regs, stack, static_smem = (int(re.search(key + r":(\d+)", usage).group(1)) for key in ("REG", "STACK", "SHARED"))
     smem = static_smem + dynamic_smem
     warps = p["num_warps"]

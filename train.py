@@ -471,6 +471,17 @@ def setup_context(args):
     return Context(torch.device(f"cuda:{local}" if kind == "cuda" else "cpu"), dtype, rank, world)
 
 
+def leave_process_group(finished):
+    """Destroy torchrun's process group, if there is one (even of one process). A rank that finished its work first
+    waits at a barrier for the others: a gloo rank that tore its group down while rank 0 was still writing its
+    checkpoint aborted at exit ("terminate called without an active exception"). After an error, no barrier: the
+    other ranks may never reach it."""
+    if dist.is_initialized():
+        if finished:
+            dist.barrier()
+        dist.destroy_process_group()
+
+
 def lr_at(step, args):
     """Linear warmup, then cosine decay to 0.1 x peak at max_iters (the MLRA release's schedule)."""
     peak = args.learning_rate
@@ -763,7 +774,7 @@ def sample_runs(args):
             raise UsageError(f"{path}: a {len(prompt)}-token prompt + --max_new_tokens {new} exceed the cache of "
                              f"block_size={capacity} tokens; lower --max_new_tokens or shorten the prompt")
         jobs.append((path, config, state, codec, prompt, new))
-    ctx = setup_context(args)
+    ctx, finished = setup_context(args), False
     try:
         for path, config, state, codec, prompt, new in jobs:
             model = gla.GPT(config)
@@ -797,9 +808,9 @@ def sample_runs(args):
                       f"-- {new} new tokens in {seconds:.3f} s: {new / seconds:.1f} tokens/s (batch 1, prompt of "
                       f"{len(prompt)} tokens, prefill included)", *(report for report, _ in ranks), sep="\n",
                       flush=True)
+        finished = True
     finally:
-        if dist.is_initialized():  # torchrun, even with one process
-            dist.destroy_process_group()
+        leave_process_group(finished)
     return 0
 
 
@@ -855,11 +866,7 @@ def main(argv=None):
     for folder, last in results.items():
         if last:
             log(f"{folder}: final val loss {last['val_loss']:.4f} after {last['tokens']:,} tokens")
-    if ctx.world_size > 1:
-        # Leave together: a rank that tears its gloo group down while the other still writes its checkpoint
-        # aborted at exit ("terminate called without an active exception") in 1 of 12 loaded 2-process CPU runs.
-        dist.barrier()
-        dist.destroy_process_group()
+    leave_process_group(finished=True)
     return 0
 
 

@@ -852,7 +852,7 @@ def main(argv=None):
     block_size = configs[0].block_size  # one for every run: the preset's or --block_size
     data, passes = load_data(args, ctx, block_size, min(c.vocab_size for c in configs))
     check_out_dir(args.out_dir)
-    where = f"{jobs} processes of {ctx.threads // jobs} threads" if jobs > 1 else f"{ctx.world_size} process(es)"
+    where = f"{jobs} processes of {ctx.threads // jobs} thread(s)" if jobs > 1 else f"{ctx.world_size} process(es)"
     log(f"data: {data.source}, {data.n_tokens['train']:,} train / {data.n_tokens['val']:,} val tokens, "
         f"sha256 {data.fingerprint}; {where} on {ctx.device}, {args.dtype or ctx.dtype}")
     log(f"training: {passes}, windows of {block_size} tokens drawn without replacement")

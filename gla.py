@@ -1,5 +1,4 @@
-"""
-GQA, MLA and GLA-g attention side by side, in one GPT.
+"""GQA, MLA and GLA-g attention side by side, in one GPT.
 
 A decode step reads the whole KV cache and does little math with it, so the bytes cached per token set its speed:
 - GQA (Ainslie et al. 2023, arXiv 2305.13245): n_kv_head key/value heads, each shared by n_head // n_kv_head query
@@ -11,30 +10,22 @@ A decode step reads the whole KV cache and does little math with it, so the byte
   the latent split into g latent heads, each serving n_head // g query heads, the roped key still shared. MLA's
   cache, but each head group reads kv_lora_rank / g latent dims, and g devices can each hold one latent head.
 
-Names: GPTConfig.attn is "gqa", "mla" or "gla", with n_latent_heads = g for GLA (MLA is GLA-1: the same class). The
-variants of the double-heads ablation (Liu et al. 2026, arXiv 2603.02188, whose code release is MLRA: each variant
-trained with n_head and 2 n_head query heads at equal parameters and cache) are gqa, mla and glaG (gla2: attn "gla",
-n_latent_heads 2) in make_config, train.py and plot.py.
+GPTConfig.attn is "gqa", "mla" or "gla" with n_latent_heads = g (MLA is GLA-1: the same class). VARIANTS, the designs
+of the double-heads ablation (Liu et al. 2026, arXiv 2603.02188, code release MLRA: each trained with n_head and
+2 n_head query heads at equal parameters and cache), are gqa, mla and gla2 ("gla", g = 2); make_config takes any glaG.
 
-Training runs the "naive" form (rebuild every head's K and V, then F.scaled_dot_product_attention). Decoding fills a
-preallocated cache: a prompt, bound by compute, attends in the training form; a decode step, bound by the bytes it
-reads, in the "absorbed" form through kernels.py (derived in LatentAttention.forward). Under tensor parallelism each
-rank keeps a shard (shard_for_tp). A trained run loads with load_run (sampling from it: `python train.py --sample RUN
---prompt TEXT`), and peak_bytes measures what one training step of a config holds, on fake tensors.
+Training runs the "naive" form (rebuild every head's K and V, then SDPA). Decoding fills a preallocated cache: a
+prompt (compute-bound) attends in the training form, a decode step (bound by the bytes it reads) in the "absorbed"
+form through kernels.py (derived in LatentAttention.forward); shard_for_tp splits the model for tensor parallelism.
 
-Einsum letters: b batch, t position (queries; the cached keys in a prompt), g KV / latent head (group), k query head
-within its group (query head h = g * n_head / n_groups + k), d per-head feature, r latent dims of one latent head.
-"""
+Einsum letters: b batch, t position (queries; the cached keys in a prompt), g KV / latent head (group), h query head
+within its group (query head g * n_head / n_groups + h), d per-head feature, r latent dims of one latent head."""
 
-import functools
 import hashlib
-import json
 import math
-import pathlib
 import re
-import warnings
-from dataclasses import asdict, dataclass, replace
-from typing import Callable, NamedTuple
+from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -43,12 +34,10 @@ import torch.nn.functional as F
 
 from kernels import MAX_LQ, decode_attention, decode_attention_ref, decode_mask
 
-# ----------------------------------------------------------------------------
-# The config: presets, the paper's ratios, the MLP width rule
-
+# ---- The config: presets, the paper's ratios, the MLP width rule -----------------------------------------------------
 ATTN_TYPES = ("gqa", "mla", "gla")
-# Model shapes of the presets: (n_layer, n_embd, head_dim, vocab_size, block_size).
-PRESETS = {
+VARIANTS = ("gqa", "mla", "gla2")  # the double-heads ablation's three designs
+PRESETS = {  # model shapes: (n_layer, n_embd, head_dim, vocab_size, block_size)
     "tiny": (2, 256, 32, 256, 128),  # trains on 2 CPU cores in minutes
     "small": (12, 768, 64, 50304, 1024),  # ~125M parameters, one GPU
     "paper": (24, 3072, 128, 50304, 2048),  # the double-heads ablation of Liu et al. 2026
@@ -63,7 +52,6 @@ class ConfigError(ValueError):
 class GPTConfig:
     """Everything that defines a model; saved beside every run and in every checkpoint. A variant ignores the
     others' fields. Raises ConfigError for head counts or dims the variant cannot split."""
-
     attn: str = "gqa"  # "gqa", "mla" or "gla"
     vocab_size: int = 256
     block_size: int = 128  # training sequence length; default cache capacity
@@ -117,9 +105,8 @@ class GPTConfig:
 
     @property
     def kv_cache_shapes(self):
-        """((Hk, Dk), (Hkv, Dv)): heads and dims of one layer's k_cache and v_cache per token. GQA caches roped K and
-        V; MLA / GLA their ONE shared roped key as "k" and the normalised, scaled latent as "v": in the absorbed form
-        the latent is both the value and the non-rope part of the key (DeepSeek-V2 Sec. 2.1; GLA Sec. 3.3)."""
+        """((Hk, Dk), (Hkv, Dv)) per token of a layer's k_cache, v_cache: GQA's roped K and V; MLA / GLA's ONE shared
+        roped key and, as "v", the normed, scaled latent (absorbed: value and non-rope key; DeepSeek-V2 Sec. 2.1)."""
         if self.attn == "gqa":
             return (self.n_kv_head, self.head_dim), (self.n_kv_head, self.head_dim)
         return (1, self.qk_rope_head_dim), (self.n_latent_heads, self.kv_lora_rank // self.n_latent_heads)
@@ -135,10 +122,9 @@ def _round8(x):
 
 
 def swiglu_width(config):
-    """The SwiGLU width that gives attention + MLP the parameters of a reference MHA layer, the rule of Liu et al.
-    2026 (arXiv 2603.02188; their MLRA release sets the six widths of its ablation this way): the reference has
-    4 n_embd^2 attention weights and a SwiGLU of width 8/3 n_embd. We count every weight of this attention, RMSNorm
-    gains included, give the rest to the MLP, and round its width to the nearest multiple of 8."""
+    """The SwiGLU width giving attention + MLP the parameters of a reference MHA layer (4 n_embd^2 attention weights,
+    SwiGLU width 8/3 n_embd), Liu et al. 2026's rule (their MLRA release sets its six widths so): we count every weight
+    of this attention, RMSNorm gains included, give the rest to the MLP, and round to the nearest multiple of 8."""
     with torch.device("meta"):
         n_attn = sum(p.numel() for p in ATTENTION[config.attn](config).parameters())
     return _round8((12 * config.n_embd**2 - n_attn) / (3 * config.n_embd))
@@ -173,15 +159,11 @@ def make_config(preset="tiny", variant="gqa", double_heads=False, n_head=None, n
     return GPTConfig(**fields)
 
 
-# ----------------------------------------------------------------------------
-# Shared pieces: RoPE, causal attention, SwiGLU
-
-
+# ---- Shared pieces: RoPE, causal attention, SwiGLU -------------------------------------------------------------------
 def rope_cos_sin(positions, dim, theta):
     """RoPE angles (Su et al. 2021, RoFormer, Sec. 3.4) of positions (B or 1, T) int64: cos and the signed sin,
-    (B or 1, T, 1, dim) float32 each: cos of angle i at i and i + dim/2, -sin at i and +sin at i + dim/2. Pair i is
-    (i, i + dim/2), the GPT-NeoX / Llama layout rather than RoFormer's adjacent pairs; computed per call, so
-    decoding has no table to outgrow."""
+    (B or 1, T, 1, dim) float32 each: cos of angle i at i and i + dim/2, -sin at i, +sin at i + dim/2. Pair i is
+    (i, i + dim/2), the GPT-NeoX / Llama layout, not RoFormer's adjacent pairs; per call: no table to outgrow."""
     inv_freq = torch.pow(theta, -torch.arange(0, dim, 2, device=positions.device, dtype=torch.float32) / dim)
     angles = positions.float()[..., None] * inv_freq  # (B, T, dim/2)
     cos, sin = angles.cos(), angles.sin()
@@ -196,28 +178,23 @@ def apply_rope(x, cos, sin):
 
 
 def causal_attention(q, k, v, softmax_scale=None, attn_mask=None):
-    """Causal softmax attention through F.scaled_dot_product_attention: q (B, T, H, Dqk), k (B, S, Hkv, Dqk),
-    v (B, S, Hkv, Dv) -> (B, T, H, Dv); query head h reads KV head h // (H // Hkv). attn_mask None: plain causal,
-    else (B, 1, T, S) additive (kernels.decode_mask: 0 where a query may look, -inf elsewhere). SDPA's fused kernels
-    need Dv == Dqk, or it falls back to a math path that materialises every head's scores (MLA: 192-dim keys, 128-dim
-    values): we pad the narrower side with zeros instead, which add nothing to the scores or give output columns we
-    slice off."""
+    """Causal softmax attention through SDPA: q (B, T, H, Dqk), k (B, S, Hkv, Dqk), v (B, S, Hkv, Dv) -> (B, T, H, Dv);
+    query head h reads KV head h // (H // Hkv). attn_mask: None (plain causal) or additive (B, 1, T, S) (0 / -inf,
+    kernels.decode_mask). SDPA's fused kernels need Dv == Dqk, else it materialises every head's scores (MLA: 192-dim
+    keys, 128-dim values), so we zero-pad the narrower side: the scores do not change; extra output columns are cut."""
     dqk, dv = q.size(-1), v.size(-1)
     scale = softmax_scale if softmax_scale is not None else dqk**-0.5
     if dv < dqk:
         v = F.pad(v, (0, dqk - dv))
     elif dqk < dv:
         q, k = F.pad(q, (0, dv - dqk)), F.pad(k, (0, dv - dqk))
-    y = F.scaled_dot_product_attention(
-        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=attn_mask, is_causal=attn_mask is None,
-        scale=scale, enable_gqa=k.size(2) != q.size(2),
-    )  # (B, H, T, max(Dqk, Dv))
-    return y.transpose(1, 2)[..., :dv]  # (B, T, H, Dv)
+    y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=attn_mask,
+                                       is_causal=attn_mask is None, scale=scale, enable_gqa=k.size(2) != q.size(2))
+    return y.transpose(1, 2)[..., :dv]  # y (B, H, T, max(Dqk, Dv)) -> (B, T, H, Dv)
 
 
 class SwiGLU(nn.Module):
     """(silu(x W1) * (x W2)) W3 (Shazeer 2020, "GLU Variants Improve Transformer")."""
-
     def __init__(self, n_embd, hidden):
         super().__init__()
         self.w1 = nn.Linear(n_embd, hidden, bias=False)
@@ -228,15 +205,10 @@ class SwiGLU(nn.Module):
         return self.w3(F.silu(self.w1(x)) * self.w2(x))
 
 
-# ----------------------------------------------------------------------------
-# The attention designs take x (B, T, n_embd), the RoPE angles and slots: None to train, else GPT.decode's
-# CacheSlots. Then the T new tokens go into self.cache, and a prompt attends through SDPA, a decode step through the
-# decode kernel.
-
-
+# ---- The attention designs take x (B, T, n_embd), the RoPE angles and slots (None to train, else CacheSlots) -------
+# and write the T new tokens into self.cache; a prompt attends through SDPA, a decode step through the decode kernel.
 class GroupedQueryAttention(nn.Module):
     """GQA (Ainslie et al. 2023, Sec. 2.2): query head h reads KV head h // (n_head / n_kv_head). Cache: roped K, V."""
-
     def __init__(self, config):
         super().__init__()
         c = config
@@ -268,62 +240,54 @@ class LatentAttention(nn.Module):
     With H = n_head query heads, g = n_latent_heads, r = kv_lora_rank // g:
       queries: x -> wq_a (q_lora_rank) -> RMSNorm -> * sqrt(n_embd / q_lora_rank)
                -> wq_b -> per head [q_nope (qk_nope_head_dim) | q_rope (qk_rope_head_dim)]
-      keys/values: x -> wkv_a -> [c (g x r) | k_rope (qk_rope_head_dim)]; each latent head
-               c_j has its own RMSNorm and * sqrt(n_embd / r); k_rope is ONE roped head for
-               all; query head h = (j, k) up-projects c_j with wkv_b[j, k] into
-               [k_nope (qk_nope_head_dim) | v (v_head_dim)].
+      keys/values: x -> wkv_a -> [c (g x r) | k_rope (qk_rope_head_dim)]; each latent head c_j has its own
+               RMSNorm and * sqrt(n_embd / r); k_rope is ONE roped head for all; query head h = (j, k)
+               up-projects c_j with wkv_b[j, k] into [k_nope (qk_nope_head_dim) | v (v_head_dim)].
       scores: [q_nope | q_rope] . [k_nope | k_rope] / sqrt(qk_nope_head_dim + qk_rope_head_dim).
-    Cache: c and k_rope, kv_lora_rank + qk_rope_head_dim per token per layer for any g.
-    """
-
+    Cache: c and k_rope, kv_lora_rank + qk_rope_head_dim per token per layer for any g."""
     def __init__(self, config):
         super().__init__()
         c = config
-        self.n_head, self.g = c.n_head, c.n_latent_heads
-        self.r = c.kv_lora_rank // c.n_latent_heads
-        self.nope, self.rope, self.v_dim = c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim
+        self.n_head, self.g, self.r = c.n_head, c.n_latent_heads, c.kv_lora_rank // c.n_latent_heads
+        self.nope_dim, self.rope_dim, self.v_dim = c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim
         # The latents are scaled by sqrt(n_embd / rank) after their RMSNorm, as Liu et al.'s MLRA release does
         # (DeepSeek-V2 has no such scale): a normalised rank-r vector then has the norm of an n_embd-wide one.
-        self.q_scale = math.sqrt(c.n_embd / c.q_lora_rank)
-        self.kv_scale = math.sqrt(c.n_embd / self.r)
-        self.softmax_scale = 1.0 / math.sqrt(self.nope + self.rope)
+        self.q_scale, self.kv_scale = math.sqrt(c.n_embd / c.q_lora_rank), math.sqrt(c.n_embd / self.r)
+        self.softmax_scale = 1.0 / math.sqrt(self.nope_dim + self.rope_dim)
         self.wq_a = nn.Linear(c.n_embd, c.q_lora_rank, bias=False)
         self.q_norm = nn.RMSNorm(c.q_lora_rank, eps=c.norm_eps)
-        self.wq_b = nn.Linear(c.q_lora_rank, c.n_head * (self.nope + self.rope), bias=False)
-        self.wkv_a = nn.Linear(c.n_embd, c.kv_lora_rank + self.rope, bias=False)
+        self.wq_b = nn.Linear(c.q_lora_rank, c.n_head * (self.nope_dim + self.rope_dim), bias=False)
+        self.wkv_a = nn.Linear(c.n_embd, c.kv_lora_rank + self.rope_dim, bias=False)
         self.kv_norm = nn.ModuleList(nn.RMSNorm(self.r, eps=c.norm_eps) for _ in range(self.g))
         # wkv_b[j, k] = [W_UK ; W_UV] of query head (j, k), DeepSeek-V2's up-projections of the latent to the key's
         # non-rope part and to the value, stored (out, in) like a Linear weight.
-        self.wkv_b = nn.Parameter(torch.empty(self.g, c.n_head // self.g, self.nope + self.v_dim, self.r))
+        self.wkv_b = nn.Parameter(torch.empty(self.g, c.n_head // self.g, self.nope_dim + self.v_dim, self.r))
         self.wo = nn.Linear(c.n_head * self.v_dim, c.n_embd, bias=False)
         self.cache = None
 
     def forward(self, x, cos, sin, slots=None):
         B, T, _ = x.shape
         H, g, r = self.n_head, self.g, self.r
-        q = self.wq_b(self.q_norm(self.wq_a(x)) * self.q_scale).view(B, T, H, self.nope + self.rope)
-        q_nope, q_rope = q.split([self.nope, self.rope], dim=-1)
+        q = self.wq_b(self.q_norm(self.wq_a(x)) * self.q_scale).view(B, T, H, self.nope_dim + self.rope_dim)
+        q_nope, q_rope = q.split([self.nope_dim, self.rope_dim], dim=-1)
         q_rope = apply_rope(q_rope, cos, sin)  # (B, T, H, rope)
-        latent, k_rope = self.wkv_a(x).split([g * r, self.rope], dim=-1)
+        latent, k_rope = self.wkv_a(x).split([g * r, self.rope_dim], dim=-1)
         latent = latent.view(B, T, g, r)
         latent = torch.stack([norm(latent[:, :, j]) for j, norm in enumerate(self.kv_norm)], dim=2) * self.kv_scale
-        k_rope = apply_rope(k_rope.view(B, T, 1, self.rope), cos, sin)  # (B, T, 1, rope), shared by all heads
-        w_uk, w_uv = self.wkv_b.split([self.nope, self.v_dim], dim=2)  # (g, H/g, nope, r), (g, H/g, v, r)
-
-        naive = slots is None or not slots.use_decode_attention
-        mask = None
-        if slots is not None:  # the cache holds only the latent and the shared roped key
-            self.cache.update(k_rope, latent, slots)
-            if naive:  # a prompt: the naive form over every cached token, the new ones too
+        k_rope = apply_rope(k_rope.view(B, T, 1, self.rope_dim), cos, sin)  # (B, T, 1, rope), shared by all heads
+        w_uk, w_uv = self.wkv_b.split([self.nope_dim, self.v_dim], dim=2)  # (g, H/g, nope, r), (g, H/g, v, r)
+        if slots is None or not slots.use_decode_attention:
+            # Naive form (training, and a prompt): rebuild every head's key and value from its group's latent.
+            mask = None
+            if slots is not None:  # a prompt attends over every cached token, the new ones too
+                self.cache.update(k_rope, latent, slots)
                 k_rope, latent = self.cache.prefix(slots, q.dtype)  # (B, S, 1, rope), (B, S, g, r)
                 mask = slots.prefill_mask()
-        if naive:
-            # Naive form (training): rebuild every head's key and value from its group's latent.
             S = latent.shape[1]
-            k_nope = torch.einsum("btgr,gkdr->btgkd", latent, w_uk).reshape(B, S, H, self.nope)
-            v = torch.einsum("btgr,gkdr->btgkd", latent, w_uv).reshape(B, S, H, self.v_dim)
+            k_nope = torch.einsum("btgr,ghdr->btghd", latent, w_uk).reshape(B, S, H, self.nope_dim)
+            v = torch.einsum("btgr,ghdr->btghd", latent, w_uv).reshape(B, S, H, self.v_dim)
             q = torch.cat([q_nope, q_rope], dim=-1)
-            k = torch.cat([k_nope, k_rope.expand(B, S, H, self.rope)], dim=-1)
+            k = torch.cat([k_nope, k_rope.expand(B, S, H, self.rope_dim)], dim=-1)
             y = causal_attention(q, k, v, self.softmax_scale, attn_mask=mask)  # (B, T, H, v)
         else:
             # Absorbed form (decode). Since k_nope = W_UK c, the score q_nope . k_nope equals (W_UK^T q_nope) . c:
@@ -331,10 +295,11 @@ class LatentAttention(nn.Module):
             # token. Likewise sum_s p_s (W_UV c_s) = W_UV (sum_s p_s c_s): we attend over the latent itself and
             # up-project the result once. So the cache holds only c and k_rope, and decode is MQA-shaped (MLA) or
             # GQA-shaped with g groups (GLA): the latent is both the value and the non-rope part of the key.
-            qv = torch.einsum("btgkd,gkdr->btgkr", q_nope.view(B, T, g, H // g, self.nope), w_uk)
+            self.cache.update(k_rope, latent, slots)
+            qv = torch.einsum("btghd,ghdr->btghr", q_nope.view(B, T, g, H // g, self.nope_dim), w_uk)
             # The naive form's scale, 1/sqrt(nope + rope): not the kernel's default, 1/sqrt(rope + r).
             o = self.cache.attend(q_rope, slots, qv=qv.reshape(B, T, H, r), softmax_scale=self.softmax_scale)
-            y = torch.einsum("btgkr,gkdr->btgkd", o.view(B, T, g, H // g, r), w_uv)  # o: in latent space
+            y = torch.einsum("btghr,ghdr->btghd", o.view(B, T, g, H // g, r), w_uv)  # o: in latent space
         return self.wo(y.reshape(B, T, -1))
 
 
@@ -343,7 +308,6 @@ ATTENTION = {"gqa": GroupedQueryAttention, "mla": LatentAttention, "gla": Latent
 
 class Block(nn.Module):
     """Pre-norm transformer block: x + attn(norm(x)), then x + mlp(norm(x))."""
-
     def __init__(self, config):
         super().__init__()
         self.attn_norm = nn.RMSNorm(config.n_embd, eps=config.norm_eps)
@@ -356,16 +320,12 @@ class Block(nn.Module):
         return x + self.mlp(self.mlp_norm(x))
 
 
-# ----------------------------------------------------------------------------
-# The decode cache
-
-
+# ---- The decode cache ------------------------------------------------------------------------------------------------
 class CacheSlots(NamedTuple):
     """Where one GPT.decode call's Lq new tokens go, in every layer: positions (B, Lq) int64, their cache slots and
     RoPE positions; seqlens (B,) int32, the tokens cached once they are written (the kernel's cache_seqlens);
     max_seqlen, a host-side bound on seqlens, so that slicing the cache never waits for a GPU; decode_mask, the CPU
     decode path's kernels.decode_mask(positions, max_seqlen), built once for every layer (None: each builds one)."""
-
     positions: torch.Tensor
     seqlens: torch.Tensor
     max_seqlen: int
@@ -373,32 +333,25 @@ class CacheSlots(NamedTuple):
 
     @property
     def use_decode_attention(self):
-        """Up to MAX_LQ new tokens after cached ones attend through the decode kernel (MLA / GLA: the absorbed form);
-        a prompt or a longer chunk through SDPA."""
-        Lq = self.positions.shape[1]
-        return Lq <= MAX_LQ and self.max_seqlen > Lq
+        """Up to MAX_LQ new tokens after cached ones use the decode kernel (MLA / GLA: absorbed); others SDPA."""
+        return self.positions.shape[1] <= MAX_LQ and self.max_seqlen > self.positions.shape[1]
 
     def prefill_mask(self):
-        """SDPA's mask for a chunk after cached tokens, kernels.decode_mask of positions (B, 1, Lq, max_seqlen): new
-        token i of sequence b sees the cache up to its own position. None for a prompt (plain causal)."""
-        if self.max_seqlen == self.positions.shape[1]:
-            return None
-        return decode_mask(self.positions, self.max_seqlen)
+        """SDPA's mask (B, 1, Lq, max_seqlen) for a chunk after cached tokens: kernels.decode_mask, each new token
+        seeing the cache up to its own position. None for a prompt (plain causal)."""
+        return None if self.max_seqlen == self.positions.shape[1] else decode_mask(self.positions, self.max_seqlen)
 
 
 class KVCache(nn.Module):
-    """One layer's decode cache, preallocated and written in place: a step allocates nothing, and torch.compile
-    sees the same shapes every step. k_cache (B, Hk, S, Dk) holds GQA's roped keys, or MLA / GLA's one shared roped
-    key; v_cache (B, Hkv, S, Dv) GQA's values, or the latent heads. Zero-initialised and head-major as in gpt-fast:
-    each head's cache is one contiguous (S, D) matrix, read in long runs; the kernels take (B, S, H, D) views of
-    them (FA3's layout, where the latent is "v_cache")."""
-
+    """One layer's decode cache, preallocated and written in place: a step allocates nothing, and torch.compile sees
+    the same shapes every step. k_cache (B, Hk, S, Dk): GQA's roped keys, or MLA / GLA's one shared roped key; v_cache
+    (B, Hkv, S, Dv): GQA's values, or the latent heads. Zeroed and head-major as in gpt-fast (each head's cache one
+    contiguous (S, D) matrix, read in long runs); the kernels take (B, S, H, D) views (FA3's layout, latent as v)."""
     def __init__(self, batch_size, max_seq_len, k_shape, v_shape, device=None, dtype=None):
         super().__init__()
-        (hk, dk), (hv, dv) = k_shape, v_shape
-        kw = dict(device=device, dtype=dtype)
-        self.register_buffer("k_cache", torch.zeros(batch_size, hk, max_seq_len, dk, **kw), persistent=False)
-        self.register_buffer("v_cache", torch.zeros(batch_size, hv, max_seq_len, dv, **kw), persistent=False)
+        for name, (heads, dim) in ("k_cache", k_shape), ("v_cache", v_shape):
+            self.register_buffer(name, torch.zeros(batch_size, heads, max_seq_len, dim, device=device, dtype=dtype),
+                                 persistent=False)
 
     def update(self, k, v, slots):
         """Write the new tokens' k (B, Lq, Hk, Dk) and v (B, Lq, Hkv, Dv) at slots.positions."""
@@ -408,8 +361,7 @@ class KVCache(nn.Module):
 
     def prefix(self, slots, dtype):
         """The first slots.max_seqlen cached tokens in dtype: k (B, S, Hk, Dk), v (B, S, Hkv, Dv)."""
-        S = slots.max_seqlen
-        return self.k_cache[:, :, :S].transpose(1, 2).to(dtype), self.v_cache[:, :, :S].transpose(1, 2).to(dtype)
+        return tuple(c[:, :, :slots.max_seqlen].transpose(1, 2).to(dtype) for c in (self.k_cache, self.v_cache))
 
     def attend(self, q, slots, qv=None, softmax_scale=None):
         """Decode attention of q (B, Lq, Hq, Dk) (and qv) over the cache, the new tokens included: (B, Lq, Hq, Dv)
@@ -422,18 +374,13 @@ class KVCache(nn.Module):
         return decode_attention_ref(*args, max_seqlen=slots.max_seqlen, mask=slots.decode_mask).to(q.dtype)
 
 
-# ----------------------------------------------------------------------------
-# The model: training forward, decode, generate
-
-
+# ---- The model: training forward, decode, generate -------------------------------------------------------------------
 ZERO_INIT = ("attn.wo.weight", "mlp.w3.weight")  # output projections start at zero: each block is the identity
 
 
 class GPT(nn.Module):
-    """Decoder-only transformer as in Liu et al. 2026's ablation: tied embeddings, no biases, pre-norm RMSNorm,
-    SwiGLU, RoPE. Init: every weight N(0, init_std), the attention and MLP output projections zero (each block
-    starts as the identity), RMSNorm gains one."""
-
+    """Decoder-only transformer as in Liu et al. 2026's ablation: tied embeddings, no biases, pre-norm RMSNorm, SwiGLU,
+    RoPE. Init: every weight N(0, init_std), the attention and MLP output projections zero, RMSNorm gains one."""
     def __init__(self, config):
         super().__init__()
         self.config = config
@@ -449,12 +396,11 @@ class GPT(nn.Module):
                 nn.init.zeros_(p)
 
     def couple_init(self, seed, twin):
-        """Redraw every N(0, init_std) weight for common random numbers with the model of GPTConfig `twin` (the
-        other arm of a double-heads pair): weight `name` is drawn from a stream keyed by (seed, name), at the larger
-        of its two shapes, and keeps the leading slice. Each weight stays N(0, init_std) element by element, as in
-        __init__, while what the two arms share (the embedding, the KV or latent projections, the leading rows of
-        the query and MLP projections) starts equal, so noise common to both cancels in their difference. The
-        zero output projections and the RMSNorm gains are left as they are."""
+        """Redraw every N(0, init_std) weight for common random numbers with the model of GPTConfig `twin` (the other
+        arm of a double-heads pair): weight `name` is drawn from a stream keyed by (seed, name) at the larger of its
+        two shapes, and keeps the leading slice. So each weight stays N(0, init_std), and what the arms share (the
+        embedding, the KV or latent projections, the leading rows of the query and MLP projections) starts equal:
+        noise common to both cancels in their difference. Zero output projections and RMSNorm gains stay as they are."""
         with torch.device("meta"):
             other = dict(GPT(twin).named_parameters())
         for name, p in self.named_parameters():
@@ -484,8 +430,7 @@ class GPT(nn.Module):
         if T > self.config.block_size:
             raise ValueError(f"sequence of {T} tokens is longer than block_size={self.config.block_size}")
         logits = self._run(idx, torch.arange(T, device=idx.device)[None])
-        loss = None if targets is None else F.cross_entropy(logits.float().view(-1, logits.size(-1)),
-                                                            targets.reshape(-1))
+        loss = None if targets is None else F.cross_entropy(logits.float().flatten(0, 1), targets.reshape(-1))
         return logits, loss
 
     def setup_cache(self, batch_size, max_seq_len=None, dtype=None):
@@ -502,12 +447,11 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def decode(self, idx, cache_seqlens, *, max_seqlen=None):
-        """Run Lq new tokens idx (B, Lq) int64 after cache_seqlens (B,) cached tokens each (ragged batches welcome)
-        and append them to the cache; returns logits (B, Lq, vocab_size). A prompt, or a chunk of more than MAX_LQ,
-        attends through SDPA; up to MAX_LQ tokens (a step, speculative drafts) through the decode kernel.
-        max_seqlen: a host-side bound, max(cache_seqlens) + Lq <= max_seqlen; given, nothing reads cache_seqlens on
-        the host (no GPU sync; a step compiles with fullgraph=True). Raises ValueError without a cache, for
-        mismatched shapes, negative cache_seqlens, max_seqlen < Lq, or tokens past the cache's capacity."""
+        """Run Lq new tokens idx (B, Lq) int64 after cache_seqlens (B,) cached tokens each (ragged batches welcome) and
+        cache them; returns logits (B, Lq, vocab_size). Up to MAX_LQ tokens (a step, speculative drafts) attend through
+        the decode kernel, a prompt or more tokens through SDPA. A host-side bound max_seqlen >= max(cache_seqlens) + Lq
+        spares reading cache_seqlens on the host (no GPU sync; a step compiles with fullgraph=True). Raises ValueError
+        without a cache, for mismatched shapes, negative cache_seqlens, max_seqlen < Lq, or past the cache capacity."""
         cache = self.blocks[0].attn.cache
         if cache is None:
             raise ValueError("no KV cache: call model.setup_cache(batch_size, max_seq_len) before decode")
@@ -533,11 +477,10 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, compile=False):
-        """Sample max_new_tokens after the prompts idx (B, T): one prefill, then a cached decode step per token
-        (temperature, top_k as in `sample`), each handed its length so that none waits for the GPU. compile=True
-        runs the steps through torch.compile(fullgraph=True), each handed the cache's capacity as its bound (static
-        shapes: one compile per batch size and length). Returns (B, T + max_new_tokens) int64.
-        Raises ValueError for an empty prompt, a negative max_new_tokens or bad temperature / top_k."""
+        """Sample max_new_tokens after the prompts idx (B, T) -> (B, T + max_new_tokens) int64: a prefill, then a
+        cached decode step per token (temperature, top_k as in `sample`), each handed its length so none waits for the
+        GPU; compile=True compiles the steps (fullgraph), handed the cache's capacity as bound (static shapes: a compile
+        per batch size and length). Raises ValueError: empty prompt, max_new_tokens < 0, bad temperature or top_k."""
         check_sampling(temperature, top_k)
         B, T = idx.shape
         if T == 0 or max_new_tokens < 0:
@@ -545,13 +488,11 @@ class GPT(nn.Module):
                              f"max_new_tokens={max_new_tokens}")
         S = T + max_new_tokens
         self.setup_cache(B, S)
-        out = idx.new_empty(B, S)
-        out[:, :T] = idx
+        out = torch.cat([idx, idx.new_empty(B, max_new_tokens)], dim=1)  # (B, S): the prompt, then the samples
         cached = torch.zeros(B, dtype=torch.int32, device=idx.device)  # tokens in the cache
         step = torch.compile(self.decode, fullgraph=True, dynamic=False) if compile else self.decode
-        # Eager steps run in inference mode, without autograd's bookkeeping (version counters, views) on every op:
-        # a small model's step on a CPU is mostly that overhead. torch.compile does not yet trace in-place cache
-        # writes in inference mode (torch 2.13), so compiled steps run under no_grad only.
+        # Eager steps run in inference mode, without autograd's bookkeeping on every op (a small model's CPU step is
+        # mostly that); torch.compile cannot yet trace in-place cache writes there (torch 2.13): no_grad only.
         with torch.inference_mode(not compile):
             logits = self.decode(idx, cached, max_seqlen=T)[:, -1]  # prefill
             for t in range(T, S):
@@ -590,11 +531,8 @@ def sample(logits, temperature=1.0, top_k=None):
 # lm_head, wq_a and the shared rope key are replicated. That is GLA's argument (Zadouri et al. 2025, Sec. 3.3): at
 # tp 2 each rank of GLA-2 caches its latent head and the rope key, 320 of the 576 elements per token and layer, while
 # MLA's single latent must sit whole on every rank (576 each).
-
-
 class TPShare(NamedTuple):
     """What a rank holds: its config, and its ranges of the full model's query heads, groups and MLP columns."""
-
     config: GPTConfig
     heads: range
     groups: range
@@ -602,9 +540,8 @@ class TPShare(NamedTuple):
 
 
 def tp_share(config, rank, tp):
-    """The TPShare of rank of tp: n_head / tp query heads and ffn_hidden / tp MLP columns each; the KV / latent
-    heads split when tp divides them (GLA-2 at tp 2: one latent head per rank) and shared when tp is a multiple of
-    them (MLA's latent on every rank). Raises ConfigError when tp divides neither way, or n_head or ffn_hidden."""
+    """The TPShare of rank of tp: n_head / tp query heads, ffn_hidden / tp MLP columns; KV / latent heads split when tp
+    divides them, shared when a multiple. Raises ConfigError otherwise, or unless tp divides n_head and ffn_hidden."""
     g = config.n_groups
     if tp < 1 or config.n_head % tp or config.ffn_hidden % tp or (g % tp and tp % g):
         raise ConfigError(f"tp={tp} must divide n_head={config.n_head} and ffn_hidden={config.ffn_hidden}, "
@@ -627,18 +564,15 @@ def _keep(linear, dim, *spans, width=1):
 
 
 def shard_for_tp(model, rank, tp):
-    """Turn a full GPT (weights loaded) into rank's tp-way shard, in place, and return it. Each block keeps its query
-    heads' rows of wq (GQA) or wq_b and wkv_b (MLA / GLA), its groups' rows of wk and wv or of wkv_a and kv_norm
-    (with the shared rope key's rows), the matching input columns of wo, and its columns of w1, w2, w3. model.config
-    becomes the shard's, so setup_cache allocates this rank's cache only, and an all-reduce hooks onto every
-    attention and MLP output (initialise torch.distributed first). Raises ConfigError as tp_share."""
+    """Turn a full GPT (weights loaded) into rank's tp-way shard, in place, split as the comment above says, and return
+    it. model.config becomes the shard's, so setup_cache allocates this rank's cache only, and an all-reduce hooks onto
+    every attention and MLP output (initialise torch.distributed first). Raises ConfigError as tp_share."""
     full, share = model.config, tp_share(model.config, rank, tp)
     for block in model.blocks:
         attn = block.attn
         if full.attn == "gqa":
-            _keep(attn.wq, 0, share.heads, width=full.head_dim)
-            _keep(attn.wk, 0, share.groups, width=full.head_dim)
-            _keep(attn.wv, 0, share.groups, width=full.head_dim)
+            for linear, span in (attn.wq, share.heads), (attn.wk, share.groups), (attn.wv, share.groups):
+                _keep(linear, 0, span, width=full.head_dim)
             _keep(attn.wo, 1, share.heads, width=full.head_dim)
             attn.n_kv_head = share.config.n_kv_head
         else:
@@ -653,144 +587,9 @@ def shard_for_tp(model, rank, tp):
             _keep(attn.wo, 1, share.heads, width=full.v_head_dim)
             attn.g = share.config.n_latent_heads
         attn.n_head = share.config.n_head
-        _keep(block.mlp.w1, 0, share.ffn)
-        _keep(block.mlp.w2, 0, share.ffn)
-        _keep(block.mlp.w3, 1, share.ffn)
+        for linear, dim in (block.mlp.w1, 0), (block.mlp.w2, 0), (block.mlp.w3, 1):
+            _keep(linear, dim, share.ffn)
         for module in attn, block.mlp:  # a rank's output is a partial sum (its slice of wo or w3): sum in place
             module.register_forward_hook(lambda module, args, output: dist.all_reduce(output))
     model.config = share.config
     return model
-
-
-def load_state(model, state_dict):
-    """Load a state dict into model, stripping torch.compile's and DDP's "_orig_mod." and "module." prefixes.
-    Raises ValueError (one line) naming missing, unexpected or misshapen entries."""
-    clean = {re.sub(r"^((_orig_mod|module)\.)+", "", key): value for key, value in state_dict.items()}
-    own = model.state_dict()
-    shapes = [f"{k} {tuple(clean[k].shape)} vs {tuple(own[k].shape)}" for k in sorted(own.keys() & clean.keys())
-              if tuple(clean[k].shape) != tuple(own[k].shape)]
-    problems = [f"{what}: {', '.join(keys[:3])}{' ...' if len(keys) > 3 else ''}" for what, keys in (
-        ("missing", sorted(own.keys() - clean.keys())), ("unexpected", sorted(clean.keys() - own.keys())),
-        ("shape differs", shapes)) if keys]
-    if problems:
-        raise ValueError("the weights do not fit this model (" + "; ".join(problems) + ")")
-    model.load_state_dict(clean)
-
-
-# ----------------------------------------------------------------------------
-# A trained run (train.py's ckpt.pt): loading it for decoding, and the text it reads and writes
-
-
-class Codec(NamedTuple):
-    """How a run's prompt becomes token ids (encode: str -> list of int) and its ids become text (decode)."""
-
-    name: str
-    encode: Callable[[str], list]
-    decode: Callable[[list], str]
-
-
-def _bytes_to_text(ids):
-    # Invalid UTF-8 (a half-learned character) shows as \xNN escapes, so nothing drawn is hidden; ids past 255 (a
-    # byte-level run with a padded vocabulary can draw them) as <id>.
-    return b"".join(bytes([i]) if i < 256 else f"<{i}>".encode() for i in ids).decode(errors="backslashreplace")
-
-
-def _parse_ids(prompt):
-    try:
-        return [int(t) for t in prompt.split()]
-    except ValueError:
-        raise ConfigError("this run reads GPT-2 token ids and tiktoken is not installed: give --prompt as ids, "
-                         "e.g. --prompt '464 2068 7586'") from None
-
-
-def text_codec(config, source=None):
-    """The Codec of a run whose data source (TokenData.source, in its config.json) is `source` (None: unknown).
-    The default corpus and text files are bytes; token files hold GPT-2 ids, which tiktoken turns into text if it
-    is installed (not a dependency), else they are printed as numbers. Without a source, 256 tokens mean bytes."""
-    if config.vocab_size == 256 if source is None else not source.startswith("token files"):
-        return Codec("bytes", lambda text: list(text.encode()), _bytes_to_text)
-    try:
-        import tiktoken
-
-        enc = tiktoken.get_encoding("gpt2")
-        return Codec("GPT-2 BPE (tiktoken)", enc.encode, enc.decode)
-    except Exception:  # not installed, or its vocabulary file cannot be fetched (offline)
-        return Codec("GPT-2 token ids", _parse_ids, lambda ids: " ".join(map(str, ids)))
-
-
-def load_run(path):
-    """(GPTConfig, state dict, Codec) of a run, from its ckpt.pt or its folder; memory-mapped, so only the weights
-    we load are read. Raises ConfigError (one line) for a missing or unreadable checkpoint."""
-    path = pathlib.Path(path)
-    path = path / "ckpt.pt" if path.is_dir() else path
-    if not path.is_file():
-        raise ConfigError(f"no checkpoint at {path}; pass a run's ckpt.pt or its folder "
-                         "(<out_dir>/<run>/seed<seed>)")
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-        config, state = GPTConfig(**ckpt["config"]["model"]), ckpt["model"]
-    except Exception as e:  # truncated, not a checkpoint, or not train.py's
-        first_line = (str(e).strip().splitlines() or [""])[0]
-        raise ConfigError(f"cannot read {path} as a train.py checkpoint ({type(e).__name__}: {first_line})") from None
-    info = path.with_name("config.json")
-    source = json.loads(info.read_text()).get("data", {}).get("source") if info.is_file() else None
-    return config, state, text_codec(config, source)
-
-
-def cache_report(model, full, rank, tp, length):
-    """One line: what rank of tp holds of the full model (config `full`) and its KV cache at `length` tokens."""
-    share = tp_share(full, rank, tp)
-    span = lambda noun, r: f"{noun}s {r.start}-{r.stop - 1}" if len(r) > 1 else f"{noun} {r.start}"  # noqa: E731
-    caches = [block.attn.cache for block in model.blocks]
-    nbytes = sum(c.k_cache[:, :, :length].nbytes + c.v_cache[:, :, :length].nbytes for c in caches)
-    return (f"rank {rank}/{tp}: {span('query head', share.heads)} of {full.n_head}, "
-            f"{span('KV head' if full.attn == 'gqa' else 'latent head', share.groups)} of {full.n_groups}, "
-            f"{span('MLP column', share.ffn)} | KV cache: {model.config.kv_cache_elems_per_token_per_layer} elements "
-            f"per token per layer (one process: {full.kv_cache_elems_per_token_per_layer}), {nbytes:,} bytes at "
-            f"{length} tokens ({len(caches)} layers x batch {caches[0].k_cache.shape[0]}, {caches[0].k_cache.dtype})")
-
-
-# ----------------------------------------------------------------------------
-# The memory one training step needs, measured before anything is built (train.py's pre-flight and --dry_run)
-
-
-def peak_bytes(config, micro_batch, dtype, train=True):
-    """Peak bytes one process holds for one training step of micro_batch sequences (forward, backward, gradient
-    clipping and a fused AdamW step whose state already exists: weights, gradients, state, activations and
-    temporaries) or, train=False, for one evaluation forward; dtype: the autocast dtype (torch.float32: none).
-    Measured by PyTorch's MemTracker on fake tensors: every op sees real shapes and dtypes, nothing is allocated or
-    computed, so a CPU measures what a GPU will hold (eager mode; DDP's buckets are not included)."""
-    if config.n_layer <= 2:
-        return _tracked_peak(tuple(asdict(config).items()), micro_batch, dtype, train)
-    # Every layer adds the same bytes, and the tracker slows down with depth: measure 1 and 2 layers.
-    one, two = (peak_bytes(replace(config, n_layer=n), micro_batch, dtype, train) for n in (1, 2))
-    return one + (config.n_layer - 1) * (two - one)
-
-
-@functools.lru_cache(maxsize=None)
-def _tracked_peak(fields, micro_batch, dtype, train):
-    # Imported here: the tracker pulls in torch._inductor, about 2 s at the start of every process that imports gla.
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.distributed._tools.mem_tracker import MemTracker
-
-    config = GPTConfig(**dict(fields))
-    with FakeTensorMode(), warnings.catch_warnings():
-        warnings.filterwarnings("ignore", "Mismatch dtype between input and weight")  # RMSNorm under bf16 autocast
-        model = GPT(config)
-        x = torch.zeros(micro_batch, config.block_size, dtype=torch.int64)
-        optimizer = torch.optim.AdamW(model.parameters(), fused=True)
-        if train:  # AdamW's state as after the first step
-            for p in model.parameters():
-                p.grad = torch.zeros_like(p)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-        tracker = MemTracker()
-        tracker.track_external(model, optimizer, x)
-        with tracker, torch.autocast("cpu", dtype, enabled=dtype != torch.float32), torch.set_grad_enabled(train):
-            _, loss = model(x, x)
-            if train:
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-        return tracker.get_tracker_snapshot("peak")[x.device]["Total"]

@@ -8,23 +8,19 @@ kernel), with the interface of FA3's `flash_attn_with_kvcache(q, k_cache, v_cach
             AND the non-rope key, scores = q . k_rope + qv . c, one "KV head" (Hkv = Hk = 1) for every query head.
     GLA-2 : two latent heads of 256 (Hkv = 2), each shared by half of the query heads, and one rope key (Hk = 1).
 
-Decode is mostly memory bound: a cached bf16 element takes part in one or two multiply-adds per row of its head group
-(its heads x new tokens), 1 to 2 FLOP per byte and row: 8 to 121 FLOP/byte at one new token in the bench shapes,
-under the ridge of an H200 (989 TFLOP/s / 4.8 TB/s = 206 FLOP/byte; 137 at the mma.sync peak of our smaller tiles);
-MLA's 64 heads x 2 tokens (242) pass it. The floor of a call is the larger of its bytes (the cached K and V of the
-valid tokens, each read once, + q, qv and the output) / HBM bandwidth and its FLOPs / tensor-core peak. A GLA-2 head
-group reads 256 + 64 elements per token where MLA's one group reads 512 + 64, and under TP-2 a device holds one.
+Decode is mostly memory bound: a cached element takes part in one or two multiply-adds per row of its head group
+(its query heads x new tokens), so the FLOPs per byte grow with the rows, and only groups of many heads with several
+new tokens pass a GPU's ridge (its peak FLOP/s over its bandwidth; bench/roofline.py draws both). The floor of a call
+is the larger of its bytes (the cached K and V of the valid tokens, each read once, + q, qv and the output) / HBM
+bandwidth and its FLOPs / tensor-core peak. A GLA-2 head group reads 256 + 64 elements per token where MLA's one
+group reads 512 + 64, and under TP-2 a device holds one.
 
-    python kernels.py --check     # on a GPU: the kernel against the reference, and the CUDA tests
+    python bench/gpu_check.py     # on a GPU: the kernel against the reference, and the CUDA tests
     python bench/sm90.py          # no GPU: what the compiler makes of the kernel for an H100/H200
     python bench/kernel_speed.py  # on a GPU: time against the floor
 """
-import argparse
 import functools
 import math
-import os
-import subprocess
-import sys
 from contextlib import nullcontext
 
 import torch
@@ -461,98 +457,3 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, qv=None, softmax_scale=
                                         o_part.shape[3], Dv, BLOCK_S=triton.next_power_of_2(o_part.shape[3]),
                                         BLOCK_D=COMBINE_BLOCK_D)
     return out
-
-
-# ----------------------------------------------------------------------------
-# On a GPU: `python kernels.py --check`.
-
-# name: (Hq, Hkv, Hk, Dk, Dv, uses qv): per-device shapes of the GLA paper's decode benchmark (not our presets), 64
-# query heads in all. GQA-8: 8 KV heads of 128 (Llama-3-70B's attention), one per device under TP-8; under TP-2 MLA
-# keeps the whole latent on each device, GLA-2 one latent head.
-BENCH_SHAPES = {
-    "GQA-8 TP-8": (8, 1, 1, 128, 128, False),
-    "MLA 1 GPU": (64, 1, 1, 64, 512, True),
-    "GLA-2 1 GPU": (64, 2, 1, 64, 256, True),
-    "MLA TP-2": (32, 1, 1, 64, 512, True),
-    "GLA-2 TP-2": (32, 1, 1, 64, 256, True),
-}
-BENCH_BATCHES = (1, 32)
-BENCH_SEQLENS = (8192, 32768, 131072)
-BENCH_LQ = (1, 2)
-# Every plan the bench runs, and Lq = MAX_LQ at 4096 tokens.
-CHECK_CONFIGS = ([(name, B, Lq, S) for name in BENCH_SHAPES for B in BENCH_BATCHES for S in BENCH_SEQLENS
-                  for Lq in BENCH_LQ] + [(name, B, MAX_LQ, 4096) for name in BENCH_SHAPES for B in BENCH_BATCHES])
-# Per sequence, max |kernel - reference| / max |reference| in bf16. Emulating the kernel's roundings (bf16
-# probabilities into P.V, bf16 partials with float32 log-sum-exps, bf16 output) on the bench shapes at 4096 tokens
-# gave 0.24-0.42%; dropping one 16-token tile of a 4096-token sequence gave 3.2-8.7%. CHECK_TOL sits between.
-CHECK_TOL = 1.5e-2
-
-
-def bench_inputs(name, B, S, Lq, dtype, device):
-    """q, k_cache, v_cache, cache_seqlens (all S), qv (or None) of a bench shape; on the
-    "meta" device, shapes without memory."""
-    Hq, Hkv, Hk, Dk, Dv, use_qv = BENCH_SHAPES[name]
-    q = torch.randn(B, Lq, Hq, Dk, dtype=dtype, device=device)
-    k_cache = torch.randn(B, S, Hk, Dk, dtype=dtype, device=device)
-    v_cache = torch.randn(B, S, Hkv, Dv, dtype=dtype, device=device)
-    qv = torch.randn(B, Lq, Hq, Dv, dtype=dtype, device=device) if use_qv else None
-    return q, k_cache, v_cache, torch.full((B,), S, dtype=torch.int32, device=device), qv
-
-
-def check_one(name, B, Lq, S, dtype=torch.bfloat16, device="cuda"):
-    """Failure lines of the kernel against the reference in one bench plan: ragged lengths up to S (the first S, the
-    second a few tokens, in which one wrong token shows), NaN past them."""
-    q, k_cache, v_cache, seqlens, qv = bench_inputs(name, B, S, Lq, dtype, device)
-    seqlens = torch.randint(Lq, S + 1, (B,), dtype=torch.int32, device=device)
-    seqlens[0] = S
-    seqlens[1:2] = min(S, Lq + 16)
-    stale = torch.arange(S, device=device)[None, :] >= seqlens[:, None]
-    k_cache[stale] = float("nan")  # positions past cache_seqlens must never be read
-    v_cache[stale] = float("nan")
-    # The reference needs finite stale slots: it reads the NaN as 0.
-    ref = decode_attention_ref(q, k_cache.nan_to_num(), v_cache.nan_to_num(), seqlens, qv).float()
-    scale = ref.flatten(1).abs().amax(1)  # per sequence
-    failures = []
-    for how in (dict(), dict(max_seqlen=S), dict(num_splits=3)):
-        out = decode_attention(q, k_cache, v_cache, seqlens, qv, **how).float()
-        err = ((out - ref).flatten(1).abs().amax(1) / scale).nan_to_num(float("inf")).max().item()
-        if not err <= CHECK_TOL:
-            failures.append(f"MISMATCH {name} B={B} Lq={Lq} S={S} {how or 'defaults'}: relative error {err:.3g} "
-                            f"> {CHECK_TOL} (NaN counts as inf)")
-    return failures
-
-
-def check():
-    """The one GPU check: the bf16 kernel against the reference in every CHECK_CONFIGS plan,
-    then the suite's CUDA tests (the compiled kernel in each dtype, the model's decode path
-    into it, the sm_90 figures against this GPU's own build). Exits 1 on any failure."""
-    failures = []
-    for name, B, Lq, S in CHECK_CONFIGS:
-        try:
-            failures += check_one(name, B, Lq, S)
-        except Exception as e:  # report every plan, then fail
-            failures.append(f"ERROR {name} B={B} Lq={Lq} S={S}: {type(e).__name__}: {e}")
-        torch.cuda.empty_cache()
-    if failures:
-        sys.exit(f"\nKERNEL CHECK FAILED ({len(failures)}):\n" + "\n".join(failures))
-    print(f"kernel check passed: {len(CHECK_CONFIGS)} plans within {CHECK_TOL} of the reference", flush=True)
-    tests = os.path.join(os.path.dirname(os.path.abspath(__file__)), "test_gla.py")
-    if subprocess.run([sys.executable, "-m", "pytest", "-q", "-k", "cuda", tests]).returncode:
-        sys.exit("\nCUDA TESTS FAILED (see above)")
-
-
-def main():
-    parser = argparse.ArgumentParser(description="Decode attention kernels (GQA / MLA / GLA).")
-    parser.add_argument("--check", action="store_true", help="the one GPU check: the kernel against the "
-                        "reference in every bench plan (bf16), then the suite's CUDA tests; exit 1 on any failure")
-    if not parser.parse_args().check:
-        parser.print_help()
-    elif triton is None or not torch.cuda.is_available() or isinstance(_decode_split_kernel, InterpretedFunction):
-        print("kernels.py --check needs a CUDA GPU, Triton, and TRITON_INTERPRET unset", file=sys.stderr)
-        sys.exit(2)
-    else:
-        check()
-
-
-if __name__ == "__main__":
-    main()

@@ -17,20 +17,13 @@ Seeds: train.py writes <out_dir>/<run>/seed<seed>/metrics.jsonl. We pair each
 baseline seed with the double-heads run of the same seed (they saw the same data
 in the same order, so its noise cancels in their difference), compute dL per
 seed, and draw the mean over seeds with a band of +-1 standard error (with two
-seeds that band is exactly their min-max). A run folder holding metrics.jsonl
-directly (the layout before seeds) counts as one seed.
+seeds that band is exactly their min-max).
 
 Usage: python plot.py [--out_dir out] [--output double_heads_ablation.png]
 Reads the metrics.jsonl files (one JSON object per evaluation, with at least
 `tokens` and `val_loss`). A relative --output is relative to the current
 directory; a CSV of the plotted values (same stem, .csv) is written beside it.
 Bad input gives a one-line error on stderr and exit status 2, and no output.
-
-    python plot.py --roofline [--output decode_roofline.png]
-
-draws instead the arithmetic intensity (FLOP per byte read) of one decode step of
-each paper-scale design, on one device and per device under TP-2, against the
-ridge points of an H100's and an H200's roofline (roofline_rows), and prints it.
 """
 import argparse
 import csv
@@ -40,16 +33,16 @@ import math
 import os
 import pathlib
 import sys
-import tempfile
 
 import numpy as np
 
-# (run name of the baseline, legend label, colour, (line width, marker size)), in the
-# reference figure's order. Widths and sizes shrink down the list and later variants
-# draw on top, so curves that coincide nest (a wide teal line around a narrower blue
-# one, rings of markers) and every variant stays visible.
-VARIANTS = [("gqa", "GQA", "teal", (3.4, 10)), ("mla", "MLA", "royalblue", (2.0, 6.5)),
-            ("gla2", "GLA-2", "gray", (1.0, 3.5))]
+from gla import VARIANTS
+from train import atomic_write
+
+# run name of the baseline: (legend label, colour, (line width, marker size)), the reference figure's colours.
+# Widths and sizes shrink in VARIANTS' order and later variants draw on top, so curves that coincide nest (a wide
+# teal line around a narrower blue one, rings of markers) and every variant stays visible.
+STYLE = {"gqa": ("GQA", "teal", (3.4, 10)), "mla": ("MLA", "royalblue", (2.0, 6.5)), "gla2": ("GLA-2", "gray", (1.0, 3.5))}
 DOUBLE_SUFFIX = "_double_heads"
 SEED_PREFIX = "seed"
 CSV_COLUMNS = ["variant", "tokens", "n_seeds", "val_loss_baseline", "val_loss_double_heads",
@@ -64,7 +57,7 @@ def warn(msg):
     print(f"plot.py: {msg}", file=sys.stderr)
 
 
-def load_run(path):
+def read_evaluations(path):
     """Evaluations of one run directory, as dicts sorted by `tokens`.
 
     A cut last line (a run killed mid-write) is skipped with a warning; invalid
@@ -117,8 +110,7 @@ def delta_loss(base, double):
 
 
 def seed_runs(out_dir, run_name):
-    """{seed: run folder} of one run name: <out_dir>/<run>/seed<seed>/ with a
-    metrics.jsonl, or {None: <out_dir>/<run>} for the single-seed layout."""
+    """{seed: run folder} of one run name: each <out_dir>/<run>/seed<seed>/ with a metrics.jsonl."""
     path = os.path.join(out_dir, run_name)
     found = {}
     if os.path.isdir(path):
@@ -126,8 +118,6 @@ def seed_runs(out_dir, run_name):
             tail = entry[len(SEED_PREFIX):]
             if entry.startswith(SEED_PREFIX) and tail.isdigit() and has_metrics(os.path.join(path, entry)):
                 found[int(tail)] = os.path.join(path, entry)
-    if not found and has_metrics(path):
-        found[None] = path
     return dict(sorted(found.items()))
 
 
@@ -138,8 +128,8 @@ def has_metrics(path):
 class Curve:
     """dL of one variant over its paired seeds, on the token counts every pair shares.
 
-    tokens (n,) int64; delta (n_seeds, n) per-seed dL; seeds: their labels (None
-    for the single-seed layout); base, double (n,) mean validation losses.
+    tokens (n,) int64; delta (n_seeds, n) per-seed dL; seeds: their numbers;
+    base, double (n,) mean validation losses.
     mean, low, high: dL mean over seeds and its band, mean -+ one standard error
     (sample std / sqrt(n_seeds); with 2 seeds exactly their min and max; with 1
     seed no band).
@@ -157,14 +147,14 @@ def paired_curve(label, base_runs, double_runs):
     """The Curve of a variant from {seed: folder} of its baseline and double-heads
     runs, or None (with a warning) if no seed pair shares an evaluation."""
     seeds = [s for s in base_runs if s in double_runs]
-    for s in sorted(base_runs.keys() ^ double_runs.keys(), key=str):
+    for s in sorted(base_runs.keys() ^ double_runs.keys()):
         warn(f"note: {label}: seed {s} has only one of its two runs; left out")
     per_seed = {}
     for s in seeds:
-        base, double = load_run(base_runs[s]), load_run(double_runs[s])
+        base, double = read_evaluations(base_runs[s]), read_evaluations(double_runs[s])
         tokens, bl, dl, _ = delta_loss(base, double)
         if len(tokens) < max(len(base), len(double)):
-            warn(f"note: {label}{'' if s is None else f' seed {s}'}: runs differ in length ({len(base)} vs "
+            warn(f"note: {label} seed {s}: runs differ in length ({len(base)} vs "
                  f"{len(double)} evaluations); using the {len(tokens)} in common")
         per_seed[s] = dict(zip(tokens.tolist(), zip(bl, dl)))
     common = sorted(set.intersection(*(set(p) for p in per_seed.values()))) if per_seed else []
@@ -214,7 +204,7 @@ def plot(curves, colours, path):
     cannot hold the data: we use symlog, linear within +-linear_band(curves). Every point keeps a marker; the dashed
     line at 0 separates "doubling helped" (above) from "doubling hurt" (below).
     """
-    import matplotlib  # here, not at the top: train.py imports this module for atomic_write alone
+    import matplotlib  # here, not at the top: a bad --out_dir fails fast
 
     matplotlib.use("Agg")  # files only, never a display
     import matplotlib.pyplot as plt
@@ -255,34 +245,10 @@ def plot(curves, colours, path):
     plt.close(fig)
 
 
-def atomic_write(writers):
-    """Write each file of {path: write(binary file)} under a temporary name in its folder and fsync it, then rename
-    them all into place: a kill or an error leaves each file old or new, never half written, and an error while
-    writing (a plot that raises, a full disk) replaces none of them. train.py writes its runs with it too."""
-    tmp = {}
-    try:
-        for path, write in writers.items():
-            path = pathlib.Path(path)
-            fd, tmp[path] = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-            with os.fdopen(fd, "wb") as f:
-                write(f)
-                f.flush()
-                os.fsync(f.fileno())  # on disk before it replaces the old file, even if the machine dies
-            umask = os.umask(0)
-            os.umask(umask)
-            os.chmod(tmp[path], 0o666 & ~umask)  # mkstemp makes 0600; give the usual permissions
-        for path, name in tmp.items():
-            os.replace(name, path)
-    finally:
-        for name in tmp.values():
-            if os.path.exists(name):
-                os.remove(name)
-
-
 def write_outputs(curves, colours, png_path, csv_path):
     """Write the PNG and the CSV of the curves, both or neither (atomic_write)."""
-    all_seeds = sorted({s for c in curves.values() for s in c.seeds}, key=lambda s: -1 if s is None else s)
-    rows = [CSV_COLUMNS + ["dL" if s is None else f"dL_seed{s}" for s in all_seeds]]
+    all_seeds = sorted({s for c in curves.values() for s in c.seeds})
+    rows = [CSV_COLUMNS + [f"dL_seed{s}" for s in all_seeds]]
     for label, c in curves.items():
         for i, t in enumerate(c.tokens):
             per_seed = dict(zip(c.seeds, c.delta[:, i]))
@@ -295,116 +261,13 @@ def write_outputs(curves, colours, png_path, csv_path):
     atomic_write({png_path: lambda f: plot(curves, colours, f), csv_path: lambda f: f.write(text.getvalue().encode())})
 
 
-# The decode roofline. A design's arithmetic intensity (Zadouri, Strauss, Dao 2025, arXiv 2505.21487, Sec. 3) is the
-# kernel's FLOPs over the bytes it reads, kernels.call_flops / call_bytes, the formulas of bench/sm90.py's table; a
-# GPU's ridge point is its tensor-core peak over its memory bandwidth: above it a step is compute-bound.
-ROOFLINE_LQ = (1, 2, 4, 8, 16)
-ROOFLINE_SEQLEN = 32768  # cached tokens: q, qv and the output add a few percent to the bytes at 8K, less beyond
-ROOFLINE_TP = (1, 2)
-H100_HBM_BYTES_PER_S = 3.35e12  # H100 SXM, NVIDIA's datasheet; the H200's 4.8 TB/s and both peaks are in kernels.py
-
-
-def roofline_rows():
-    """One decode step (batch 1, ROOFLINE_SEQLEN cached tokens, bf16) of each paper-scale design at each Lq of
-    ROOFLINE_LQ, on each device under tp in ROOFLINE_TP (gla.tp_share: GQA's 6 KV heads split, MLA's latent
-    duplicated, GLA-2's latent heads split): dicts of label, variant, tp, n_head and groups (KV or latent heads) per
-    device, Lq, flops, bytes (the cache, q, qv and the output) and flop_per_byte."""
-    import gla
-    import kernels
-
-    rows = []
-    for variant, label, *_ in VARIANTS:
-        for tp in ROOFLINE_TP:
-            config = gla.tp_share(gla.make_config("paper", variant), 0, tp).config
-            (Hk, Dk), (Hkv, Dv) = config.kv_cache_shapes
-            has_qv = config.attn != "gqa"  # the latent designs' absorbed query
-            for Lq in ROOFLINE_LQ:
-                flops = kernels.call_flops(1, Lq, config.n_head, Dk, Dv, has_qv, ROOFLINE_SEQLEN)
-                cache, io, _ = kernels.call_bytes(1, Lq, config.n_head, Hk, Hkv, Dk, Dv, has_qv, ROOFLINE_SEQLEN, 2, 1)
-                rows.append(dict(label=label, variant=variant, tp=tp, n_head=config.n_head, groups=config.n_groups,
-                                 Lq=Lq, flops=flops, bytes=cache + io, flop_per_byte=flops / (cache + io)))
-    return rows
-
-
-def ridges():
-    """{label: FLOP per byte at which a step turns compute-bound} on an H100 and an H200 (SXM), at the dense bf16
-    peak of wgmma and at mma.sync's (our kernel's tiles under 64 rows), from kernels.TENSOR_FLOPS_PER_S."""
-    import kernels
-
-    return {f"{gpu} ridge, {mma} ({name}) peak": kernels.TENSOR_FLOPS_PER_S[mma] / bandwidth
-            for gpu, bandwidth in (("H100", H100_HBM_BYTES_PER_S), ("H200", kernels.HBM_BYTES_PER_S))
-            for mma, name in (("HGMMA", "wgmma"), ("HMMA", "mma.sync"))}
-
-
-def plot_roofline(rows, path):
-    """Draw roofline_rows() against ridges(): FLOP per byte (log) over Lq (log 2), one line per design and
-    tensor-parallel degree; save a PNG to path (a file name or a binary file)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    colours = {label: colour for _, label, colour, _ in VARIANTS}
-    fig, ax = plt.subplots(figsize=(7.6, 5.4))
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    for gpu_label, ridge in ridges().items():
-        h100, wgmma = gpu_label.startswith("H100"), "wgmma" in gpu_label
-        colour = "firebrick" if h100 else "black"
-        below = h100 and not wgmma  # H100's 197 sits just under H200's 206: its label goes under its line
-        ax.axhline(ridge, color=colour, lw=1.0, ls="-" if wgmma else ":", zorder=1)
-        ax.annotate(f"{gpu_label}: {ridge:.0f} FLOP/byte", (ROOFLINE_LQ[0], ridge), xytext=(0, -2 if below else 2),
-                    textcoords="offset points", fontsize=7, color=colour, va="top" if below else "bottom")
-    for label in colours:
-        for tp in ROOFLINE_TP:
-            line = [r for r in rows if r["label"] == label and r["tp"] == tp]
-            devices = "1 device" if tp == 1 else f"TP-{tp}, per device"
-            ax.plot([r["Lq"] for r in line], [r["flop_per_byte"] for r in line], color=colours[label],
-                    ls="-" if tp == 1 else "--", marker="o" if tp == 1 else "s", ms=5 if tp == 1 else 4, lw=1.6,
-                    label=f"{label}, {devices}: {line[0]['n_head']} heads, {line[0]['groups']} "
-                          f"{'KV' if line[0]['variant'] == 'gqa' else 'latent'} head"
-                          f"{'s' if line[0]['groups'] > 1 else ''}", zorder=3)
-    ax.set_xticks(ROOFLINE_LQ, [str(n) for n in ROOFLINE_LQ])
-    ax.set_xlabel("new tokens per step, Lq (1: plain decoding; more: speculative drafts)")
-    ax.set_ylabel("FLOP per byte read")
-    ax.set_title(f"Decode at paper scale against the roofline (bf16, {ROOFLINE_SEQLEN // 1024}K cached tokens)",
-                 fontsize=10)
-    ax.text(0.99, 0.02, "above a ridge line: compute-bound on that GPU; below: memory-bound", fontsize=7,
-            transform=ax.transAxes, ha="right", va="bottom")
-    ax.grid(True, which="major", alpha=0.25)
-    ax.legend(loc="upper left", fontsize=7, ncol=2)
-    fig.tight_layout()
-    fig.savefig(path, dpi=150, format="png")
-    plt.close(fig)
-
-
-def run_roofline(output):
-    """Write the roofline PNG to output (atomic_write) and print its numbers."""
-    if os.path.splitext(output)[1].lower() != ".png":
-        raise PlotError(f"--output must end in .png, got {output!r}")
-    rows = roofline_rows()
-    os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
-    atomic_write({output: lambda f: plot_roofline(rows, f)})
-    print(f"wrote {output}\nFLOP per byte of one decode step, Lq {', '.join(map(str, ROOFLINE_LQ))}:")
-    for r in rows[::len(ROOFLINE_LQ)]:
-        same = [x["flop_per_byte"] for x in rows if (x["label"], x["tp"]) == (r["label"], r["tp"])]
-        print(f"  {r['label']:<6} tp {r['tp']} ({r['n_head']:>2} heads): " + " ".join(f"{v:6.1f}" for v in same))
-    for label, ridge in ridges().items():
-        print(f"  {label}: {ridge:.0f}")
-    return 0
-
-
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out_dir", default="out", help="folder holding one subfolder per run")
     p.add_argument("--output", help="PNG to write (relative to the current directory; default "
-                   "double_heads_ablation.png, with a CSV beside it, or decode_roofline.png with --roofline)")
-    p.add_argument("--roofline", action="store_true", help="draw the decode roofline of the paper-scale designs "
-                   "instead (no runs needed)")
+                   "double_heads_ablation.png, with a CSV beside it)")
     args = p.parse_args(argv)
     try:
-        if args.roofline:
-            return run_roofline(args.output or "decode_roofline.png")
         return run(args.out_dir, args.output or "double_heads_ablation.png")
     except (PlotError, OSError) as e:
         print(f"plot.py: error: {e}", file=sys.stderr)
@@ -417,12 +280,13 @@ def run(out_dir, output):
         raise PlotError(f"--output must end in .png, got {output!r}")
     if not os.path.isdir(out_dir):
         raise PlotError(f"--out_dir {out_dir!r} is not a directory")
-    found = {name: (seed_runs(out_dir, name), seed_runs(out_dir, name + DOUBLE_SUFFIX)) for name, *_ in VARIANTS}
+    found = {name: (seed_runs(out_dir, name), seed_runs(out_dir, name + DOUBLE_SUFFIX)) for name in VARIANTS}
     if not any(base and double for base, double in found.values()):
         raise PlotError(f"no variant in {out_dir!r} has both its baseline and {DOUBLE_SUFFIX} run "
                         "(each needs <run>/seed<seed>/metrics.jsonl)")
     curves, colours = {}, {}
-    for name, label, colour, size in VARIANTS:
+    for name in VARIANTS:
+        label, colour, size = STYLE[name]
         base, double = found[name]
         for run_name, runs in ((name, base), (name + DOUBLE_SUFFIX, double)):
             if not runs:

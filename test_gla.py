@@ -37,7 +37,7 @@ import gla
 import kernels
 import plot
 import train
-from bench import decode_cpu, sm90
+from bench import common, decode_cpu, gpu_check, roofline, sm90
 
 REPO = pathlib.Path(__file__).resolve().parent
 
@@ -60,7 +60,7 @@ def seeded():
 
 
 interpreter_only = pytest.mark.skipif(HAS_CUDA, reason="CPU tensors need the interpreter; CUDA: test_kernel_on_cuda")
-VARIANTS = ["gqa", "mla", "gla2"]
+VARIANTS = list(gla.VARIANTS)
 # Liu et al. 2026 (arXiv 2603.02188): the six SwiGLU widths and the cache of the paper-scale ablation.
 PAPER_WIDTHS = {("gqa", False): 9728, ("gqa", True): 7680, ("mla", False): 9448, ("mla", True): 7320,
                 ("gla2", False): 10048, ("gla2", True): 8344}
@@ -248,7 +248,7 @@ def test_width_rule_counts_every_attention_weight():
 def test_paper_dry_run(capsys, monkeypatch):
     # The paper-scale configs, not their memory: the 24 peaks of six 2.9B models on fake tensors take 20 s, and
     # test_a_run_that_cannot_fit_in_memory_is_refused_before_building measures one at this scale.
-    monkeypatch.setattr(gla, "peak_bytes", lambda *args, **kwargs: 0)
+    monkeypatch.setattr(train, "peak_bytes", lambda *args, **kwargs: 0)
     assert train.cli(["--attn", "all", "--preset", "paper", "--dry_run"]) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert len(rows) == 6
@@ -540,7 +540,7 @@ def test_tensor_parallel_greedy_decode_matches_one_process(tmp_path, capsys):
     assert train.cli([*args[1:], "--tp", "1"]) == 0
     one = capsys.readouterr().out
     idx = torch.tensor([list(prompt.encode())])
-    expected = [gla._bytes_to_text(m.generate(idx, n_new, temperature=0)[0].tolist()) for m in models]
+    expected = [train._bytes_to_text(m.generate(idx, n_new, temperature=0)[0].tolist()) for m in models]
     assert sampled_texts(one) == sampled_texts(two.stdout) == expected
 
     L = len(prompt) + n_new
@@ -664,12 +664,12 @@ def test_sampling_command_bad_input_is_one_line(tmp_path, capsys, monkeypatch):
 def test_text_codec_bytes_and_gpt2_ids(monkeypatch):
     monkeypatch.setitem(sys.modules, "tiktoken", None)  # as if not installed: ids in, ids out
     config = gla.make_config("tiny", "gqa", vocab_size=512)
-    codec = gla.text_codec(config, "token files in edu_fineweb100B")
+    codec = train.text_codec(config, "token files in edu_fineweb100B")
     assert codec.encode("464 2068") == [464, 2068] and codec.decode([464, 2068]) == "464 2068"
-    with pytest.raises(gla.ConfigError, match="give --prompt as ids"):
+    with pytest.raises(train.UsageError, match="give --prompt as ids"):
         codec.encode("The quick")
     for source in ("stdlib corpus (out/stdlib_corpus.txt)", None):  # no config.json: 256 tokens mean bytes
-        codec = gla.text_codec(gla.make_config("tiny", "gqa"), source)
+        codec = train.text_codec(gla.make_config("tiny", "gqa"), source)
         assert codec.encode("é!") == [0xC3, 0xA9, 0x21]
         assert codec.decode([0xC3, 0xA9, 0xFF, 300]) == "é\\xff<300>"  # nothing drawn is hidden
 
@@ -875,7 +875,7 @@ def _launch_constexprs(name, B, Lq, S):
     return p, grid, tuple(sorted(kwargs.items()))
 
 
-@pytest.mark.parametrize("name", list(kernels.BENCH_SHAPES))
+@pytest.mark.parametrize("name", list(common.BENCH_SHAPES))
 def test_lq_compiles_once_per_power_of_two(name):
     # Lq itself is a runtime argument; only its power of two reaches the constexprs:
     # Lq 1, 2, 3-4, 5-8, 9-16 compile one variant each.
@@ -890,9 +890,9 @@ def test_split_count_fills_whole_waves():
     # Issue 8: where >= 66 programs launch, mean over max programs per SM >= 0.9. The
     # ceiling of SMs over units (before) gave 0.61 for GQA at B 32.
     sms = kernels.DEFAULT_NUM_SMS
-    for name in kernels.BENCH_SHAPES:
-        for B in kernels.BENCH_BATCHES:
-            for S in kernels.BENCH_SEQLENS:
+    for name in common.BENCH_SHAPES:
+        for B in common.BENCH_BATCHES:
+            for S in common.BENCH_SEQLENS:
                 for Lq in (1, 2, 4, kernels.MAX_LQ):
                     p, grid, _ = _launch_constexprs(name, B, Lq, S)
                     programs = math.prod(grid)
@@ -972,7 +972,7 @@ def test_sm90_model_reaches_the_binding_floor_at_batch_1_and_32(sm90_builds):
     compute_bound = set()
     for config in sm90.CONFIGS:
         (name, B, Lq, S, _), f = config, sm90_builds[config]
-        Hq, Hkv, Hk, Dk, Dv, use_qv = kernels.BENCH_SHAPES[name]
+        Hq, Hkv, Hk, Dk, Dv, use_qv = common.BENCH_SHAPES[name]
         splits = f["programs"] // (B * Hkv * f["passes"])
         assert f["cache_B"] == B * S * (Hk * Dk + Hkv * Dv) * 2  # bf16: every cached token once
         assert f["partial_B"] == 2 * B * Lq * Hq * splits * (Dv * 2 + 4)  # bf16 partials, float32 LSE, both ways
@@ -986,9 +986,9 @@ def test_sm90_model_reaches_the_binding_floor_at_batch_1_and_32(sm90_builds):
         assert f["roofline_pct"] >= (80 if S >= 32768 else 60), f
         if f["bound"] == "compute":
             compute_bound.add(config)
-    assert compute_bound == {("MLA 1 GPU", B, 2, S, None) for B in kernels.BENCH_BATCHES for S in kernels.BENCH_SEQLENS}
-    for Lq in kernels.BENCH_LQ:
-        for S in kernels.BENCH_SEQLENS:
+    assert compute_bound == {("MLA 1 GPU", B, 2, S, None) for B in common.BENCH_BATCHES for S in common.BENCH_SEQLENS}
+    for Lq in common.BENCH_LQ:
+        for S in common.BENCH_SEQLENS:
             gla2, mla = (sm90_builds[(name, 1, Lq, S, None)]["model_s"] for name in ("GLA-2 TP-2", "MLA TP-2"))
             assert gla2 <= 0.7 * mla, (Lq, S, gla2, mla)
 
@@ -997,7 +997,7 @@ def test_plan_models_the_compute_floor_and_picks_the_faster_mma():
     """The plan's modelled time is the larger of its memory model and its FLOPs at the MMAs' peak. GLA-2 under TP-2
     at Lq 4 (32 heads x 4 tokens per latent head, 230 FLOP/byte) would be compute-bound in HMMA tiles: the plan takes
     64-row HGMMA ones (fewer head blocks), faster than any HMMA plan can be; at Lq 1 the memory model binds."""
-    Hq, Hkv, Hk, Dk, Dv, use_qv = kernels.BENCH_SHAPES["GLA-2 TP-2"]
+    Hq, Hkv, Hk, Dk, Dv, use_qv = common.BENCH_SHAPES["GLA-2 TP-2"]
     S = 32768
     for Lq in (4, 1):
         p = kernels._plan(1, Lq, Hq, Hkv, Hk, Dk, Dv, use_qv, 2, S, None, kernels.DEFAULT_NUM_SMS)
@@ -1136,18 +1136,18 @@ def test_bad_inputs_raise(case, match):
 def test_gpu_check_passes_the_kernel_and_fails_a_wrong_one(monkeypatch):
     # `kernels.py --check` compares in bf16 on the GPU; here its comparison runs in float16
     # through the interpreter, on a short cache.
-    assert kernels.check_one("GQA-8 TP-8", 2, 2, S=40, dtype=torch.float16, device="cpu") == []
+    assert gpu_check.check_one("GQA-8 TP-8", 2, 2, S=40, dtype=torch.float16, device="cpu") == []
     right = kernels.decode_attention
 
     def one_tile_short(q, k_cache, v_cache, cache_seqlens, qv=None, **kw):  # drops the first 16 tokens
         return right(q, k_cache[:, 16:], v_cache[:, 16:], cache_seqlens - 16, qv)
     monkeypatch.setattr(kernels, "decode_attention", one_tile_short)
-    failures = kernels.check_one("GQA-8 TP-8", 2, 2, S=40, dtype=torch.float16, device="cpu")
+    failures = gpu_check.check_one("GQA-8 TP-8", 2, 2, S=40, dtype=torch.float16, device="cpu")
     assert len(failures) == 3 and all(f.startswith("MISMATCH GQA-8 TP-8 B=2 Lq=2 S=40") for f in failures)
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="checks the behaviour without a GPU")
-@pytest.mark.parametrize("command", [["kernels.py", "--check"], ["bench/kernel_speed.py"]])
+@pytest.mark.parametrize("command", [["bench/gpu_check.py"], ["bench/kernel_speed.py"]])
 def test_gpu_commands_without_cuda_exit_2(command):
     r = subprocess.run([sys.executable, os.path.join(HERE, *command[0].split("/")), *command[1:]],
                        capture_output=True, text=True, cwd=HERE, timeout=120)
@@ -1193,8 +1193,9 @@ RUNS = ["gqa", "gqa_double_heads", "mla", "mla_double_heads", "gla2", "gla2_doub
 
 
 def _write_run(out, run, tokens, val_loss, extra_lines=()):
-    """metrics.jsonl as train.py writes it; extra_lines are appended verbatim."""
-    d = out / run
+    """metrics.jsonl as train.py writes it; extra_lines are appended verbatim. run: "name" (seed 1337) or
+    "name/seed<seed>"."""
+    d = out / run if "/" in run else out / run / "seed1337"
     d.mkdir(parents=True, exist_ok=True)
     lines = [json.dumps({"iter": i, "tokens": int(t), "train_loss": float(v) + 0.1,
                          "val_loss": float(v), "lr": 1e-4, "elapsed_s": float(i)})
@@ -1228,12 +1229,12 @@ def _write_all(out, runs=RUNS, **kw):
 def _read_csv(path):
     """(variant, tokens, val_loss_baseline, val_loss_double_heads, dL) of a one-seed CSV."""
     header = path.read_text().splitlines()[0]
-    assert header == ("variant,tokens,n_seeds,val_loss_baseline,val_loss_double_heads,dL_mean,dL_low,dL_high,dL")
+    assert header == ("variant,tokens,n_seeds,val_loss_baseline,val_loss_double_heads,dL_mean,dL_low,dL_high,dL_seed1337")
     rows = list(csv_rows(path))
     for r in rows:  # one seed: no band, and the mean is that seed's dL
-        assert r["n_seeds"] == "1" and r["dL_low"] == r["dL_high"] == r["dL_mean"] == r["dL"]
+        assert r["n_seeds"] == "1" and r["dL_low"] == r["dL_high"] == r["dL_mean"] == r["dL_seed1337"]
     return [(r["variant"], int(r["tokens"]), float(r["val_loss_baseline"]), float(r["val_loss_double_heads"]),
-             float(r["dL"])) for r in rows]
+             float(r["dL_seed1337"])) for r in rows]
 
 
 def _run_main(tmp_path, out):
@@ -1313,7 +1314,7 @@ def test_truncated_last_line_is_skipped(tmp_path, capsys):
 def test_invalid_json_in_the_middle_is_an_error(tmp_path, capsys):
     out = tmp_path / "out"
     _write_all(out)
-    path = out / "mla" / "metrics.jsonl"
+    path = out / "mla" / "seed1337" / "metrics.jsonl"
     lines = path.read_text().splitlines()
     lines[2] = lines[2][:15]
     path.write_text("\n".join(lines) + "\n")
@@ -1330,7 +1331,7 @@ def test_nan_val_loss_point_is_skipped(tmp_path, capsys):
     bad = losses["mla_double_heads"].copy()
     bad[4] = math.nan
     _write_run(out, "mla_double_heads", tokens, bad)
-    assert "NaN" in (out / "mla_double_heads" / "metrics.jsonl").read_text()
+    assert "NaN" in (out / "mla_double_heads" / "seed1337" / "metrics.jsonl").read_text()
     rc, _, csv = _run_main(tmp_path, out)
     assert rc == 0
     assert "mla_double_heads" in capsys.readouterr().err
@@ -1385,7 +1386,7 @@ def test_seeds_missing_one_run_are_left_out_with_a_note(tmp_path, capsys):
     for seed, shift in ((1, 0.0), (2, 0.002), (3, 0.004)):
         for run in RUNS:
             if not (seed == 3 and run == "mla_double_heads"):
-                _write_run(out / run, f"seed{seed}", tokens, losses[run] - (shift if "double" in run else 0))
+                _write_run(out, f"{run}/seed{seed}", tokens, losses[run] - (shift if "double" in run else 0))
     rc, _, csv = _run_main(tmp_path, out)
     assert rc == 0
     assert "MLA: seed 3 has only one of its two runs" in capsys.readouterr().err
@@ -1409,13 +1410,13 @@ def test_symlog_band_follows_the_seed_noise_not_the_smallest_value(tmp_path):
         noise = (1 if seed == 1 else -1) * 0.01 + 1e-4 * rng.standard_normal(len(tokens))
         for run in RUNS:
             base = losses[run.replace("_double_heads", "")]
-            _write_run(out / run, f"seed{seed}", tokens, base - (noise if "double" in run else 0))
+            _write_run(out, f"{run}/seed{seed}", tokens, base - (noise if "double" in run else 0))
     curves = {label: plot.paired_curve(label, plot.seed_runs(out, name), plot.seed_runs(out, name + "_double_heads"))
-              for name, label, *_ in plot.VARIANTS}
+              for name, (label, *_) in plot.STYLE.items()}
     widths = np.concatenate([c.high - c.low for c in curves.values()])
     assert np.median(widths) == pytest.approx(0.02, abs=1e-3) and np.abs(curves["GQA"].mean).max() < 1e-3
     assert plot.linear_band(curves) == pytest.approx(0.1)
-    one_seed = {label: plot.Curve([None], c.tokens, c.base, c.double, c.delta[:1] * 0 + 0.003)
+    one_seed = {label: plot.Curve([1], c.tokens, c.base, c.double, c.delta[:1] * 0 + 0.003)
                 for label, c in curves.items()}
     assert plot.linear_band(one_seed) == pytest.approx(1e-3)
     rc, png, _ = _run_main(tmp_path, out)
@@ -1439,27 +1440,28 @@ def test_cli_subprocess_end_to_end(tmp_path):
 
 
 def test_roofline_figure(tmp_path, capsys):
-    """`plot.py --roofline`: FLOP per byte of a decode step at paper scale (24 query heads, 32K cached tokens) from
+    """`bench/roofline.py`: FLOP per byte of a decode step at paper scale (24 query heads, 32K cached tokens) from
     kernels.py's counts. Per cached bf16 token a group's R rows (heads x new tokens) do 2 R (Dk + 2 Dv) FLOP with
     qv, 4 R Dk without, against 2 (Hk Dk + Dv) bytes per group read; q, qv and the output add up to 2.2% (MLA at
     Lq 16). So GQA (groups of 4) stays under every ridge at any Lq, and MLA on one device crosses the H200's wgmma
     ridge between Lq 4 and 8."""
     png = tmp_path / "figs" / "roofline.png"
-    assert plot.main(["--roofline", "--output", str(png)]) == 0 and png.read_bytes()[:8] == PNG_MAGIC
+    assert roofline.main(["--output", str(png)]) == 0 and png.read_bytes()[:8] == PNG_MAGIC
     out = capsys.readouterr().out
-    rows = {(r["variant"], r["tp"], r["Lq"]): r["flop_per_byte"] for r in plot.roofline_rows()}
+    rows = {(r["variant"], r["tp"], r["Lq"]): r["flop_per_byte"] for r in roofline.roofline_rows()}
     per_lq = {("gqa", 1): 4, ("gqa", 2): 4, ("mla", 1): 24 * (64 + 1024) / 576, ("mla", 2): 12 * (64 + 1024) / 576,
               ("gla2", 1): 24 * (64 + 512) / 576, ("gla2", 2): 12 * (64 + 512) / 320}
-    assert len(rows) == len(per_lq) * len(plot.ROOFLINE_LQ)
+    assert len(rows) == len(per_lq) * len(roofline.ROOFLINE_LQ)
     for (variant, tp, Lq), value in rows.items():
         assert value == pytest.approx(per_lq[variant, tp] * Lq, rel=2.5e-2), (variant, tp, Lq)
-    ridges = plot.ridges()
+    ridges = roofline.ridges()
     assert max(rows[v, tp, 16] for v, tp in [("gqa", 1), ("gqa", 2)]) < min(ridges.values())
     h200 = ridges["H200 ridge, HGMMA (wgmma) peak"]
     assert rows["mla", 1, 4] < h200 < rows["mla", 1, 8]
     assert f"GQA    tp 1 (24 heads): {rows['gqa', 1, 1]:6.1f}" in out and f"{h200:.0f}" in out
-    assert plot.main(["--roofline", "--output", str(tmp_path / "r.svg")]) == 2
-    assert "must end in .png" in capsys.readouterr().err and not (tmp_path / "r.svg").exists()
+    with pytest.raises(SystemExit, match="must end in .png"):
+        roofline.main(["--output", str(tmp_path / "r.svg")])
+    assert not (tmp_path / "r.svg").exists()
 
 
 # ----------------------------------------------------------------------------
@@ -1711,7 +1713,7 @@ def test_atomic_write_keeps_old_file_when_interrupted(tmp_path):
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        plot.atomic_write({path: broken})
+        train.atomic_write({path: broken})
     assert path.read_bytes() == b"old" and os.listdir(tmp_path) == ["ckpt.pt"]
 
 
@@ -1871,10 +1873,10 @@ def test_load_state_errors_are_one_line():
     model = gla.GPT(gla.make_config("tiny", "gqa"))
     state = model.state_dict()
     with pytest.raises(ValueError, match=r"^the weights do not fit this model \(missing: blocks.0.attn.wq.weight\)$"):
-        gla.load_state(model, {k: v for k, v in state.items() if k != "blocks.0.attn.wq.weight"})
+        train.load_state(model, {k: v for k, v in state.items() if k != "blocks.0.attn.wq.weight"})
     wrong = dict(state, **{"norm.weight": torch.ones(3)})
     with pytest.raises(ValueError, match=r"shape differs: norm.weight \(3,\) vs \(256,\)"):
-        gla.load_state(model, wrong)
+        train.load_state(model, wrong)
 
 
 def test_lr_schedule_warmup_then_cosine_to_a_tenth():
@@ -2025,7 +2027,7 @@ def test_a_run_that_cannot_fit_in_memory_is_refused_before_building(tmp_path, te
     # FAST's gqa: 8 sequences per step. A host with room for a step of 2 sequences, not of 4, is told to
     # accumulate 4 micro-batches, and that advice runs.
     config, f32 = train.model_config(train.get_args(FAST), "gqa", False), torch.float32
-    two, four, eight = (train.train_peak(config, m, f32, False) for m in (2, 4, 8))
+    two, four, eight = (train.train_peak(config, m, 8, f32, False) for m in (2, 4, 8))
     assert two < four < eight
     monkeypatch.setattr(train, "device_memory", lambda device: (two + four) / 2 / (1 - train.MEMORY_MARGIN))
     argv = ["--data", str(text_file), "--out_dir", str(tmp_path / "tiny"), *FAST, "--max_iters", "2"]
@@ -2043,15 +2045,21 @@ def test_measured_peak_memory_counts_what_a_step_holds():
     config = gla.make_config("tiny", "mla", double_heads=True, n_layer=4, block_size=64)
     f32, n = torch.float32, train.n_params(config)
     # Extrapolated from 1 and 2 layers, as a deep model is measured, equals measuring all 4 layers.
-    full = gla._tracked_peak(tuple(dataclasses.asdict(config).items()), 4, f32, True)
-    assert abs(gla.peak_bytes(config, 4, f32) - full) <= 0.01 * full
-    step, ev = gla.peak_bytes(config, 4, f32), gla.peak_bytes(config, 4, f32, train=False)
+    full = train._tracked_peak(tuple(dataclasses.asdict(config).items()), 4, f32, True, False)
+    assert abs(train.peak_bytes(config, 4, f32) - full) <= 0.01 * full
+    step, ev = train.peak_bytes(config, 4, f32), train.peak_bytes(config, 4, f32, train=False)
     # float32 weights and AdamW's two moments, plus the logits (4 x 64 x 256 float32) that the loss needs
     assert step > 12 * n + 4 * 64 * 256 * 4
     assert 4 * n + 4 * 64 * 256 * 4 < ev < step
-    assert gla.peak_bytes(config, 8, f32) > step  # activations grow with the micro-batch
-    assert gla.peak_bytes(config, 4, torch.bfloat16) < step  # bf16 activations
-    assert train.train_peak(config, 4, f32, True) == step + 4 * n  # DDP's float32 gradient buckets
+    assert train.peak_bytes(config, 8, f32) > step  # activations grow with the micro-batch
+    assert train.peak_bytes(config, 4, torch.bfloat16) < step  # bf16 activations
+    # A later micro-batch of --grad_accum starts with the step's float32 gradients held: it peaks about 4n higher
+    # (under the peak of one whose gradients build up as its activations are freed, a little less than 4n).
+    held = train.peak_bytes(config, 4, f32, grads_held=True)
+    assert step + 3.5 * n < held <= step + 4 * n
+    assert train.train_peak(config, 4, 4, f32, False) == step  # one micro-batch per step
+    assert train.train_peak(config, 4, 8, f32, False) == held  # --grad_accum 2: the second micro-batch
+    assert train.train_peak(config, 4, 4, f32, True) == held  # DDP: gradients live in its buckets (views)
 
 
 def test_dry_run_plans_peaks_and_the_largest_micro_batch(capsys):
@@ -2062,10 +2070,10 @@ def test_dry_run_plans_peaks_and_the_largest_micro_batch(capsys):
     config = gla.make_config("tiny", "gla2", double_heads=True, block_size=64)
     bf16 = torch.bfloat16  # planned for GPUs unless --device cpu
     assert line["run"] == "gla2_double_heads" and line["world_size"] == 4 and line["micro_batch"] == 4
-    assert line["peak_train_bytes"] == train.train_peak(config, 4, bf16, True)
-    assert line["peak_eval_bytes"] == gla.peak_bytes(config, 4, bf16, train=False)
+    assert line["peak_train_bytes"] == train.train_peak(config, 4, 12, bf16, True)
+    assert line["peak_eval_bytes"] == train.peak_bytes(config, 4, bf16, train=False)
     # A device with room for 5 sequences per micro-batch: 12 per process -> the largest divisor that fits is 4.
-    five, six = (train.train_peak(config, m, bf16, True) for m in (5, 6))
+    five, six = (train.train_peak(config, m, 12, bf16, True) for m in (5, 6))
     gib = (five + six) / 2 / (1 - train.MEMORY_MARGIN) / 2**30
     assert train.cli([*argv, "--device_memory", str(gib)]) == 0
     line = json.loads(capsys.readouterr().out)

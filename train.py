@@ -30,6 +30,7 @@ import math
 import multiprocessing
 import os
 import pathlib
+import re
 import random
 import signal
 import sys
@@ -37,7 +38,9 @@ import sysconfig
 import tempfile
 import threading
 import time
+import warnings
 from contextlib import nullcontext
+from typing import Callable, NamedTuple
 
 import numpy as np
 import torch
@@ -46,9 +49,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
 import gla
-from plot import atomic_write
 
-VARIANTS = ("gqa", "mla", "gla2")
 # Override the preset's model (gla.make_config derives everything else from them).
 MODEL_FLAGS = ("n_layer", "n_embd", "head_dim", "block_size", "vocab_size", "n_head", "n_kv_head")
 PLAIN_LOG_SECONDS = 60  # progress line interval when stderr is not a terminal (no tqdm bar)
@@ -82,7 +83,7 @@ class Parser(argparse.ArgumentParser):
 def get_args(argv=None):
     """Parse and check the flags, filling per-preset defaults. Raises UsageError."""
     p = Parser(prog="train.py", description=__doc__.split("\n\n")[1], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--attn", default="gqa", choices=[*VARIANTS, "all"], help="variant, or all six runs")
+    p.add_argument("--attn", default="gqa", choices=[*gla.VARIANTS, "all"], help="variant, or all six runs")
     p.add_argument("--double_heads", action="store_true", help="double the query heads (same KV cache)")
     p.add_argument("--preset", default="tiny", choices=list(gla.PRESETS))
     p.add_argument("--max_iters", type=int, help="optimizer steps (default: per preset)")
@@ -168,7 +169,7 @@ def get_args(argv=None):
 def models_of(args):
     """(variant, double_heads) of each requested model."""
     if args.attn == "all":
-        return [(v, d) for v in VARIANTS for d in (False, True)]
+        return [(v, d) for v in gla.VARIANTS for d in (False, True)]
     return [(args.attn, args.double_heads)]
 
 
@@ -206,6 +207,30 @@ def summary(config, variant, double_heads, preset):
                 ffn_hidden=config.ffn_hidden, n_head=config.n_head,
                 n_kv_head=config.n_groups,
                 kv_cache_elems_per_token_per_layer=config.kv_cache_elems_per_token_per_layer)
+
+
+def atomic_write(writers):
+    """Write each file of {path: write(binary file)} under a temporary name in its folder and fsync it, then rename
+    them all into place: a kill or an error leaves each file old or new, never half written, and an error while
+    writing (a plot that raises, a full disk) replaces none of them. plot.py writes its figure with it too."""
+    tmp = {}
+    try:
+        for path, write in writers.items():
+            path = pathlib.Path(path)
+            fd, tmp[path] = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+            with os.fdopen(fd, "wb") as f:
+                write(f)
+                f.flush()
+                os.fsync(f.fileno())  # on disk before it replaces the old file, even if the machine dies
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp[path], 0o666 & ~umask)  # mkstemp makes 0600; give the usual permissions
+        for path, name in tmp.items():
+            os.replace(name, path)
+    finally:
+        for name in tmp.values():
+            if os.path.exists(name):
+                os.remove(name)
 
 
 # ----------------------------------------------------------------------------
@@ -640,7 +665,7 @@ def train_run(args, variant, double_heads, data, ctx, log):
     if args.resume and ckpt_path.exists():
         ckpt = load_checkpoint(ckpt_path, spec)
         try:
-            gla.load_state(model, ckpt["model"])
+            load_state(model, ckpt["model"])
         except ValueError as e:
             raise UsageError(f"cannot resume {ckpt_path}: {e}") from None
         optimizer.load_state_dict(ckpt["optimizer"])  # its saved `fused` flag wins: an old run continues unchanged
@@ -669,7 +694,8 @@ def train_run(args, variant, double_heads, data, ctx, log):
 
     train_model = torch.compile(model) if args.compile else model
     if ctx.world_size > 1:
-        train_model = DDP(train_model, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
+        train_model = DDP(train_model, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
+                          gradient_as_bucket_view=True)  # no second copy of the gradients (train_peak)
     tokens_per_step = args.batch_size * config.block_size
 
     def diverged(what):
@@ -739,6 +765,91 @@ def train_run(args, variant, double_heads, data, ctx, log):
 # Sampling from a run: python train.py --sample out/gla2/seed1337 --prompt "The return value"
 
 
+def load_state(model, state_dict):
+    """Load a state dict into model, stripping torch.compile's and DDP's "_orig_mod." and "module." prefixes.
+    Raises ValueError (one line) naming missing, unexpected or misshapen entries."""
+    clean = {re.sub(r"^((_orig_mod|module)\.)+", "", key): value for key, value in state_dict.items()}
+    own = model.state_dict()
+    shapes = [f"{k} {tuple(clean[k].shape)} vs {tuple(own[k].shape)}" for k in sorted(own.keys() & clean.keys())
+              if tuple(clean[k].shape) != tuple(own[k].shape)]
+    problems = [f"{what}: {', '.join(keys[:3])}{' ...' if len(keys) > 3 else ''}" for what, keys in (
+        ("missing", sorted(own.keys() - clean.keys())), ("unexpected", sorted(clean.keys() - own.keys())),
+        ("shape differs", shapes)) if keys]
+    if problems:
+        raise ValueError("the weights do not fit this model (" + "; ".join(problems) + ")")
+    model.load_state_dict(clean)
+
+
+
+class Codec(NamedTuple):
+    """How a run's prompt becomes token ids (encode: str -> list of int) and its ids become text (decode)."""
+
+    name: str
+    encode: Callable[[str], list]
+    decode: Callable[[list], str]
+
+
+def _bytes_to_text(ids):
+    # Invalid UTF-8 (a half-learned character) shows as \xNN escapes, so nothing drawn is hidden; ids past 255 (a
+    # byte-level run with a padded vocabulary can draw them) as <id>.
+    return b"".join(bytes([i]) if i < 256 else f"<{i}>".encode() for i in ids).decode(errors="backslashreplace")
+
+
+def _parse_ids(prompt):
+    try:
+        return [int(t) for t in prompt.split()]
+    except ValueError:
+        raise UsageError("this run reads GPT-2 token ids and tiktoken is not installed: give --prompt as ids, "
+                         "e.g. --prompt '464 2068 7586'") from None
+
+
+def text_codec(config, source=None):
+    """The Codec of a run whose data source (TokenData.source, in its config.json) is `source` (None: unknown).
+    The default corpus and text files are bytes; token files hold GPT-2 ids, which tiktoken turns into text if it
+    is installed (not a dependency), else they are printed as numbers. Without a source, 256 tokens mean bytes."""
+    if config.vocab_size == 256 if source is None else not source.startswith("token files"):
+        return Codec("bytes", lambda text: list(text.encode()), _bytes_to_text)
+    try:
+        import tiktoken
+
+        enc = tiktoken.get_encoding("gpt2")
+        return Codec("GPT-2 BPE (tiktoken)", enc.encode, enc.decode)
+    except Exception:  # not installed, or its vocabulary file cannot be fetched (offline)
+        return Codec("GPT-2 token ids", _parse_ids, lambda ids: " ".join(map(str, ids)))
+
+
+def load_run(path):
+    """(gla.GPTConfig, state dict, Codec) of a run, from its ckpt.pt or its folder; memory-mapped, so only the weights
+    we load are read. Raises UsageError (one line) for a missing or unreadable checkpoint."""
+    path = pathlib.Path(path)
+    path = path / "ckpt.pt" if path.is_dir() else path
+    if not path.is_file():
+        raise UsageError(f"no checkpoint at {path}; pass a run's ckpt.pt or its folder "
+                         "(<out_dir>/<run>/seed<seed>)")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        config, state = gla.GPTConfig(**ckpt["config"]["model"]), ckpt["model"]
+    except Exception as e:  # truncated, not a checkpoint, or not train.py's
+        first_line = (str(e).strip().splitlines() or [""])[0]
+        raise UsageError(f"cannot read {path} as a train.py checkpoint ({type(e).__name__}: {first_line})") from None
+    info = path.with_name("config.json")
+    source = json.loads(info.read_text()).get("data", {}).get("source") if info.is_file() else None
+    return config, state, text_codec(config, source)
+
+
+def cache_report(model, full, rank, tp, length):
+    """One line: what rank of tp holds of the full model (config `full`) and its KV cache at `length` tokens."""
+    share = gla.tp_share(full, rank, tp)
+    span = lambda noun, r: f"{noun}s {r.start}-{r.stop - 1}" if len(r) > 1 else f"{noun} {r.start}"  # noqa: E731
+    caches = [block.attn.cache for block in model.blocks]
+    nbytes = sum(c.k_cache[:, :, :length].nbytes + c.v_cache[:, :, :length].nbytes for c in caches)
+    return (f"rank {rank}/{tp}: {span('query head', share.heads)} of {full.n_head}, "
+            f"{span('KV head' if full.attn == 'gqa' else 'latent head', share.groups)} of {full.n_groups}, "
+            f"{span('MLP column', share.ffn)} | KV cache: {model.config.kv_cache_elems_per_token_per_layer} elements "
+            f"per token per layer (one process: {full.kv_cache_elems_per_token_per_layer}), {nbytes:,} bytes at "
+            f"{length} tokens ({len(caches)} layers x batch {caches[0].k_cache.shape[0]}, {caches[0].k_cache.dtype})")
+
+
 def sample_runs(args):
     """--sample: text from each run through GPT.generate (its KV cache and decode path), and tokens/s. Under
     torchrun with --tp N, each rank builds the full model (for a moment it holds all the weights: simple, not
@@ -760,7 +871,7 @@ def sample_runs(args):
                          "use --device cpu (gloo) or fewer processes")
     jobs = []
     for path in args.sample:
-        config, state, codec = gla.load_run(path)
+        config, state, codec = load_run(path)
         gla.tp_share(config, 0, args.tp)  # ConfigError for a --tp the model cannot split
         prompt, capacity = codec.encode(args.prompt), config.block_size  # positions past it were never trained
         if not prompt or len(prompt) >= capacity:
@@ -779,7 +890,7 @@ def sample_runs(args):
         for path, config, state, codec, prompt, new in jobs:
             model = gla.GPT(config)
             try:
-                gla.load_state(model, state)
+                load_state(model, state)
             except ValueError as e:
                 raise UsageError(f"{path}: {e}") from None
             model.to(ctx.device).eval()
@@ -793,7 +904,7 @@ def sample_runs(args):
             t0 = time.perf_counter()
             tokens = generate()[0].tolist()  # .tolist() waits for the GPU
             seconds = time.perf_counter() - t0
-            mine = (gla.cache_report(model, config, ctx.rank, world, len(tokens)), tokens)
+            mine = (cache_report(model, config, ctx.rank, world, len(tokens)), tokens)
             ranks = [mine]
             if world > 1:
                 ranks = [None] * world
@@ -880,8 +991,9 @@ def dry_run(args, models, configs, world):
         "float32" if args.device == "cpu" else "bfloat16"))
     for (v, d), config in zip(models, configs):
         line = dict(run=run_name(v, d), **summary(config, v, d, args.preset), world_size=world, micro_batch=micro,
-                    dtype=str(dtype).removeprefix("torch."), peak_train_bytes=train_peak(config, micro, dtype, world > 1),
-                    peak_eval_bytes=gla.peak_bytes(config, micro, dtype, train=False))
+                    dtype=str(dtype).removeprefix("torch."), peak_train_bytes=train_peak(config, micro, per_process, dtype,
+                                                                           world > 1),
+                    peak_eval_bytes=peak_bytes(config, micro, dtype, train=False))
         if args.device_memory:
             fit = largest_micro_batch(config, per_process, dtype, world > 1,
                                       (1 - MEMORY_MARGIN) * args.device_memory * 2**30)
@@ -946,22 +1058,70 @@ def check_passes(args, data, block_size, world_size=1):
 # Kept free of the device's memory for what fake tensors cannot see: the CUDA caching allocator's
 # fragmentation, cuBLAS / NCCL workspaces, torch.compile's own buffers.
 MEMORY_MARGIN = 0.10
-DDP_BYTES_PER_PARAM = 4  # DDP's gradient buckets: a float32 copy of every gradient
 
 
-def train_peak(config, micro_batch, dtype, ddp):
-    """peak_bytes of a training step, plus DDP's gradient buckets under DDP."""
-    return gla.peak_bytes(config, micro_batch, dtype) + (DDP_BYTES_PER_PARAM * n_params(config) if ddp else 0)
+def peak_bytes(config, micro_batch, dtype, train=True, grads_held=False):
+    """Peak bytes one process holds for one training micro-batch of micro_batch sequences (forward, backward, gradient
+    clipping and a fused AdamW step whose state already exists: weights, gradients, state, activations and
+    temporaries) or, train=False, for one evaluation forward; dtype: the autocast dtype (torch.float32: none).
+    grads_held: the micro-batch starts with the step's gradients already allocated, as every micro-batch after the
+    first under --grad_accum does (and every one under DDP, whose gradients live in its buckets). Measured by
+    PyTorch's MemTracker on fake tensors: every op sees real shapes and dtypes, nothing is allocated or computed, so
+    a CPU measures what a GPU will hold (eager mode)."""
+    if config.n_layer <= 2:
+        return _tracked_peak(tuple(dataclasses.asdict(config).items()), micro_batch, dtype, train, grads_held)
+    # Every layer adds the same bytes, and the tracker slows down with depth: measure 1 and 2 layers.
+    one, two = (peak_bytes(dataclasses.replace(config, n_layer=n), micro_batch, dtype, train, grads_held)
+                for n in (1, 2))
+    return one + (config.n_layer - 1) * (two - one)
+
+
+@functools.lru_cache(maxsize=None)
+def _tracked_peak(fields, micro_batch, dtype, train, grads_held):
+    # Imported here: the tracker pulls in torch._inductor, about 2 s at the start of every process that imports us.
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    config = gla.GPTConfig(**dict(fields))
+    with FakeTensorMode(), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "Mismatch dtype between input and weight")  # RMSNorm under bf16 autocast
+        model = gla.GPT(config)
+        x = torch.zeros(micro_batch, config.block_size, dtype=torch.int64)
+        optimizer = torch.optim.AdamW(model.parameters(), fused=True)
+        if train:  # AdamW's state as after the first step
+            for p in model.parameters():
+                p.grad = torch.zeros_like(p)
+            optimizer.step()
+            if not grads_held:
+                optimizer.zero_grad(set_to_none=True)
+        tracker = MemTracker()
+        tracker.track_external(model, optimizer, x)
+        with tracker, torch.autocast("cpu", dtype, enabled=dtype != torch.float32), torch.set_grad_enabled(train):
+            _, loss = model(x, x)
+            if train:
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+        return tracker.get_tracker_snapshot("peak")[x.device]["Total"]
+
+
+def train_peak(config, micro_batch, per_process, dtype, ddp):
+    """peak_bytes of the largest micro-batch of a step of per_process sequences: once they are split into several
+    micro-batches (--grad_accum), one that starts with the step's gradients held, and under DDP every one
+    (gradient_as_bucket_view: the gradients are views into DDP's buckets, which live as long as the model, and no
+    second copy is kept)."""
+    return peak_bytes(config, micro_batch, dtype, grads_held=ddp or micro_batch < per_process)
 
 
 def largest_micro_batch(config, per_process, dtype, ddp, budget):
     """The largest micro-batch, a divisor of per_process sequences, whose training step and evaluation both peak
     within budget bytes (0 if none). Peaks grow linearly with the micro-batch: measured at 1 and 2 sequences, the
     line gives the candidate, which is then measured itself (and the next divisor down, while it does not fit)."""
-    one, two = train_peak(config, 1, dtype, ddp), train_peak(config, 2, dtype, ddp)
+    one, two = (train_peak(config, m, per_process, dtype, ddp) for m in (1, 2))
     guess = 1 + (budget - one) // max(two - one, 1)
     for m in (d for d in range(per_process, 0, -1) if per_process % d == 0 and d <= max(guess, 1)):
-        if max(train_peak(config, m, dtype, ddp), gla.peak_bytes(config, m, dtype, train=False)) <= budget:
+        if max(train_peak(config, m, per_process, dtype, ddp), peak_bytes(config, m, dtype, train=False)) <= budget:
             return m
     return 0
 
@@ -984,8 +1144,8 @@ def check_memory(args, configs, ctx, jobs):
     per_process = args.batch_size // ctx.world_size
     micro, ddp = per_process // args.grad_accum, ctx.world_size > 1
     sharing = jobs * int(os.environ.get("LOCAL_WORLD_SIZE", 1)) if ctx.device.type == "cpu" else 1
-    worst = max(configs, key=lambda c: train_peak(c, micro, ctx.dtype, ddp))
-    need, have = sharing * train_peak(worst, micro, ctx.dtype, ddp), device_memory(ctx.device)
+    worst = max(configs, key=lambda c: train_peak(c, micro, per_process, ctx.dtype, ddp))
+    need, have = sharing * train_peak(worst, micro, per_process, ctx.dtype, ddp), device_memory(ctx.device)
     budget = (1 - MEMORY_MARGIN) * have
     if need > budget:
         fit = largest_micro_batch(worst, per_process, ctx.dtype, ddp, budget / sharing)

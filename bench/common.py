@@ -1,5 +1,5 @@
-"""What the CPU benchmarks share: the HF transformers model a user would pick instead, the machine's name, and
-interleaved timing. transformers is a measuring stick here, not a dependency of the project."""
+"""What the benchmarks share: the HF transformers model a user would pick instead, the machine's name,
+interleaved timing, and the GLA paper's per-device decode shapes (BENCH_SHAPES) with their inputs. transformers is a measuring stick here, not a dependency of the project."""
 import platform
 import time
 
@@ -58,3 +58,29 @@ def time_interleaved(contenders, repeats, warmup=1):
             fn()
             times[name].append(time.perf_counter() - t0)
     return times
+
+
+# name: (Hq, Hkv, Hk, Dk, Dv, uses qv): per-device shapes of the GLA paper's decode benchmark (not our presets), 64
+# query heads in all. GQA-8: 8 KV heads of 128 (Llama-3-70B's attention), one per device under TP-8; under TP-2 MLA
+# keeps the whole latent on each device, GLA-2 one latent head.
+BENCH_SHAPES = {
+    "GQA-8 TP-8": (8, 1, 1, 128, 128, False),
+    "MLA 1 GPU": (64, 1, 1, 64, 512, True),
+    "GLA-2 1 GPU": (64, 2, 1, 64, 256, True),
+    "MLA TP-2": (32, 1, 1, 64, 512, True),
+    "GLA-2 TP-2": (32, 1, 1, 64, 256, True),
+}
+BENCH_BATCHES = (1, 32)
+BENCH_SEQLENS = (8192, 32768, 131072)
+BENCH_LQ = (1, 2)
+
+
+def bench_inputs(name, B, S, Lq, dtype, device):
+    """q, k_cache, v_cache, cache_seqlens (all S), qv (or None) of a bench shape; on the
+    "meta" device, shapes without memory."""
+    Hq, Hkv, Hk, Dk, Dv, use_qv = BENCH_SHAPES[name]
+    q = torch.randn(B, Lq, Hq, Dk, dtype=dtype, device=device)
+    k_cache = torch.randn(B, S, Hk, Dk, dtype=dtype, device=device)
+    v_cache = torch.randn(B, S, Hkv, Dv, dtype=dtype, device=device)
+    qv = torch.randn(B, Lq, Hq, Dv, dtype=dtype, device=device) if use_qv else None
+    return q, k_cache, v_cache, torch.full((B,), S, dtype=torch.int32, device=device), qv

@@ -1,6 +1,6 @@
 """The decode kernel's speed on a GPU against the roofline floor, kernels.py's model, and the PyTorch reference.
 
-For every bench shape (the GLA paper's per-device decode shapes, kernels.BENCH_SHAPES), batch 1 and 32, 8K / 32K /
+For every bench shape (the GLA paper's per-device decode shapes, BENCH_SHAPES), batch 1 and 32, 8K / 32K /
 128K cached tokens and Lq 1 and 2, in bf16: the median time of a call, the bytes it must read (the cache of the
 valid tokens once, q, qv and the output), the GB/s that makes, its FLOP per byte, the memory floor (those bytes at
 the measured copy bandwidth) and the compute floor (its FLOPs at the peak of the MMAs the plan expects,
@@ -20,7 +20,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # the repo
 import torch  # noqa: E402
 
 import kernels  # noqa: E402
-from kernels import BENCH_BATCHES, BENCH_LQ, BENCH_SEQLENS, BENCH_SHAPES  # noqa: E402
+from bench.common import BENCH_BATCHES, BENCH_LQ, BENCH_SEQLENS, BENCH_SHAPES, bench_inputs  # noqa: E402
 
 COPY_BYTES = 1 << 30
 MEMORY_MARGIN = 0.8  # use at most this fraction of free GPU memory
@@ -57,7 +57,7 @@ def main(argv=None):
                     if time.time() > start + args.budget_s or need > MEMORY_MARGIN * torch.cuda.mem_get_info(dev)[0]:
                         skipped.append(f"{name} B={B} S={S} Lq={Lq}")
                         continue
-                    q, k, v, seqlens, qv = kernels.bench_inputs(name, B, S, Lq, dt, dev)
+                    q, k, v, seqlens, qv = bench_inputs(name, B, S, Lq, dt, dev)
                     out = kernels.decode_attention(q, k, v, seqlens, qv, max_seqlen=S)
                     err = (out.float() - kernels.decode_attention_ref(q, k, v, seqlens, qv).float()).abs().max().item()
                     t = do_bench(lambda: kernels.decode_attention(q, k, v, seqlens, qv, max_seqlen=S, out=out),

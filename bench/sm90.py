@@ -35,8 +35,9 @@ os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton 3.9's default, 
 import torch  # noqa: E402
 
 import kernels  # noqa: E402
-from kernels import (BENCH_BATCHES, BENCH_LQ, BENCH_SEQLENS, BENCH_SHAPES, DEFAULT_NUM_SMS,  # noqa: E402
-                     HBM_BYTES_PER_S, SM90_SMEM_PER_SM, SM90_SMEM_RESERVED_PER_CTA, TENSOR_FLOPS_PER_S, triton)
+from bench.common import BENCH_BATCHES, BENCH_LQ, BENCH_SEQLENS, BENCH_SHAPES, bench_inputs  # noqa: E402
+from kernels import (DEFAULT_NUM_SMS, HBM_BYTES_PER_S, SM90_SMEM_PER_SM, SM90_SMEM_RESERVED_PER_CTA,  # noqa: E402
+                     TENSOR_FLOPS_PER_S, triton)
 
 # sm_90 limits: CUDA C++ Programming Guide, "Technical Specifications per Compute Capability" (9.0): 64K 32-bit
 # registers, 2048 threads, 32 CTAs per SM, 227 KiB of shared memory per CTA. A warp's registers come in units of 256
@@ -195,7 +196,7 @@ def figures_many(configs):
 
 def launch(name, B, Lq, S, device="meta"):
     """decode_attention's launch of a bench shape (plan, grid, args, kwargs, o_part), on meta tensors by default."""
-    q, k_cache, v_cache, seqlens, qv = kernels.bench_inputs(name, B, S, Lq, torch.bfloat16, device)
+    q, k_cache, v_cache, seqlens, qv = bench_inputs(name, B, S, Lq, torch.bfloat16, device)
     scale = kernels._default_scale(q.shape[3], v_cache.shape[3], qv)
     p, grid, args, kwargs, o_part, _ = kernels._split_launch(q, k_cache, v_cache, seqlens, qv, scale, S, None,
                                                              DEFAULT_NUM_SMS)

@@ -696,7 +696,8 @@ def test_decode_bench_prints_machine_and_tables_without_transformers(monkeypatch
         assert match in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("script", ["decode_cpu.py", "kernel_speed.py", "sm90.py", "train_speed.py"])
+@pytest.mark.parametrize("script", ["decode_cpu.py", "gpu_check.py", "kernel_speed.py", "roofline.py", "sm90.py",
+                                    "train_cost.py", "train_speed.py"])
 def test_bench_scripts_answer_help_from_anywhere(script):
     r = subprocess.run([sys.executable, str(REPO / "bench" / script), "--help"], cwd="/", capture_output=True,
                        text=True, timeout=120)

@@ -1733,7 +1733,7 @@ def test_sigkill_then_resume_gives_identical_metrics(tmp_path, text_file):
     assert 0 < ckpt["iter"] < 80, "the run finished before it was killed; the test proves nothing"
     (rdir(killed, "mla") / ".ckpt.pt.x1y2").write_bytes(b"as if killed inside atomic_write")
     assert train.cli([*args, "--out_dir", str(killed), "--resume"]) == 0
-    assert not list(rdir(killed, "mla").glob(".*"))  # the stale temporary is gone
+    assert not list(rdir(killed, "mla").glob(".*.pt.*"))  # the stale temporary is gone
     ref, resumed = metrics(tmp_path / "ref", "mla"), metrics(killed, "mla")
     assert [r["iter"] for r in resumed] == [r["iter"] for r in ref]  # none lost, none repeated
     assert strip_timing(resumed) == strip_timing(ref)  # bit-identical losses on CPU
@@ -1759,8 +1759,7 @@ def test_resume_drops_the_evaluations_past_its_checkpoint(tmp_path, text_file, m
 
     monkeypatch.setattr(train, "train_step", stopped)
     out = tmp_path / "stopped"
-    with pytest.raises(KeyboardInterrupt):
-        train.cli([*args, "--out_dir", str(out)])
+    assert train.cli([*args, "--out_dir", str(out)]) == 130
     folder = rdir(out, "gla2")
     with open(folder / "metrics.jsonl", "a") as f:
         f.write('{"iter": 21, "tok')  # and a line cut by the kill
@@ -2115,7 +2114,7 @@ def test_sequential_data_order_reads_each_process_its_own_shards_in_order(tmp_pa
 def test_only_rank_zero_reads_and_checks_the_data(text_file, monkeypatch):
     sent = []
     monkeypatch.setattr(train.dist, "broadcast_object_list", lambda objs, src: objs.__setitem__(
-        slice(None), [None, "f00d", "passes from rank 0"]) or sent.append(src))
+        slice(None), [None, ("f00d", "passes from rank 0")]) or sent.append(src))
     monkeypatch.setattr(train.TokenData, "check", lambda *a: pytest.fail("rank 1 scanned the data"))
     monkeypatch.setattr(train.hashlib, "sha256", lambda *a: pytest.fail("rank 1 hashed the data"))
     args = train.get_args(["--data", str(text_file)])
@@ -2123,7 +2122,7 @@ def test_only_rank_zero_reads_and_checks_the_data(text_file, monkeypatch):
     data, passes = train.load_data(args, ctx, 64, 256)
     assert sent == [0] and data.fingerprint == "f00d" and passes == "passes from rank 0"
     monkeypatch.setattr(train.dist, "broadcast_object_list", lambda objs, src: objs.__setitem__(
-        slice(None), ["rank 0 found a bad token", None, None]))
+        slice(None), ["rank 0 found a bad token", None]))
     with pytest.raises(train.UsageError, match="rank 0 found a bad token"):
         train.load_data(args, ctx, 64, 256)
 

@@ -22,7 +22,10 @@ gqa, gqa_double_heads, mla, ... Bad input: one line on stderr, exit status 2.
 
 import argparse
 import ast
+import ctypes
 import dataclasses
+import errno
+import fcntl
 import functools
 import hashlib
 import json
@@ -31,13 +34,15 @@ import multiprocessing
 import os
 import pathlib
 import random
+import shutil
 import signal
+import socket
 import sys
 import sysconfig
 import tempfile
 import threading
 import time
-from contextlib import nullcontext
+from contextlib import ExitStack, contextmanager, nullcontext
 
 import numpy as np
 import torch
@@ -72,6 +77,14 @@ class UsageError(Exception):
 
 class Diverged(Exception):
     """The loss became NaN or infinite: printed as one line, exit status 1."""
+
+
+class WriteError(Exception):
+    """A run's file could not be written (a full disk, a lost permission): one line, exit status 1."""
+
+
+class Interrupted(Exception):
+    """SIGINT / SIGTERM stopped training between two steps, checkpointed: one line, exit status 128 + signal."""
 
 
 class Parser(argparse.ArgumentParser):
@@ -419,6 +432,27 @@ def permute(i, n, key, rounds=4):
 # Training
 
 
+# The signal that asked training to stop, 0 if none: the training loop reads it between steps. The --jobs workers
+# read their parent's (train_seeds_in_processes), so a signal to the parent alone stops them too.
+STOP = ctypes.c_int(0)
+
+
+@contextmanager
+def stop_on_signals():
+    """While training, SIGINT (Ctrl-C) and SIGTERM set STOP, for each run to checkpoint after its step and stop; a
+    second one raises KeyboardInterrupt: at once, each run's last checkpoint kept."""
+    def stop(signum, frame):
+        if STOP.value:
+            raise KeyboardInterrupt
+        STOP.value = signum
+    previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
 @dataclasses.dataclass
 class Context:
     """Where and how we compute: device, autocast, and the torchrun process group."""
@@ -653,6 +687,26 @@ def train_run(args, variant, double_heads, data, ctx, log):
             log(f"{name}: finished at iteration {step}, skipped")
             return rows[-1] if rows else None
         log(f"{name}: resuming at iteration {step}")
+    saved = step  # the iteration of the checkpoint on disk (0: none)
+
+    def write(path, fill, append=False):
+        # A full disk, a lost permission: one line naming the file, and the files written before stay whole
+        # (atomic_write; a cut append leaves a partial last line, which read_metrics drops). torch.save turns a
+        # failed write into a RuntimeError whose context is the OSError.
+        try:
+            if append:
+                with open(path, "ab") as f:
+                    fill(f)
+            else:
+                atomic_write({path: fill})
+        except (OSError, RuntimeError) as e:
+            error = e if isinstance(e, OSError) else e.__context__
+            if not isinstance(error, OSError):
+                raise
+            kept = f"the checkpoint of iteration {saved} and its metrics are kept" if saved else "no checkpoint yet"
+            fix = "free space" if error.errno in (errno.ENOSPC, errno.EDQUOT) else "make it writable"
+            raise WriteError(f"cannot write {path}: {error.strerror or error}; {kept}: {fix}, then --resume") from None
+
     if ctx.master:
         if step == 0:  # starting over: a stale checkpoint must not be resumed later
             ckpt_path.unlink(missing_ok=True)
@@ -660,10 +714,10 @@ def train_run(args, variant, double_heads, data, ctx, log):
         for tmp in folder.glob(".*.pt.*"):  # left by a process killed inside atomic_write
             tmp.unlink()
         info = {**spec, "data": {**spec["data"], "source": data.source}}
-        atomic_write({folder / "config.json": lambda f: f.write(json.dumps(info, indent=2).encode())})
+        write(folder / "config.json", lambda f: f.write(json.dumps(info, indent=2).encode()))
         # Rewrite the metrics so they end exactly at the checkpoint: a resume neither
         # repeats nor loses an evaluation.
-        atomic_write({metrics_path: lambda f: f.write("".join(json.dumps(r) + "\n" for r in rows).encode())})
+        write(metrics_path, lambda f: f.write("".join(json.dumps(r) + "\n" for r in rows).encode()))
         log(f"{name}: {model.num_params():,} parameters, n_head {config.n_head}, ffn_hidden {config.ffn_hidden}, "
             f"KV cache {config.kv_cache_elems_per_token_per_layer} elements/token/layer")
 
@@ -677,6 +731,7 @@ def train_run(args, variant, double_heads, data, ctx, log):
                        f"{ckpt_path}" + ("" if ckpt_path.exists() else " (none yet)"))
 
     def save(step):
+        nonlocal saved
         # A finite loss can still be followed by an update that overflows the weights:
         # we never let such a state replace the last good checkpoint.
         if not all(torch.isfinite(p).all() for p in model.parameters()):
@@ -685,7 +740,8 @@ def train_run(args, variant, double_heads, data, ctx, log):
             ckpt = dict(model=model.state_dict(), optimizer=optimizer.state_dict(), iter=step,
                         tokens=step * tokens_per_step, elapsed_s=elapsed, train_loss_sum=loss_sum,
                         train_loss_count=loss_count, rng=rng_state(), config=spec)
-            atomic_write({ckpt_path: lambda f: torch.save(ckpt, f)})
+            write(ckpt_path, lambda f: torch.save(ckpt, f))
+        saved = step
 
     # disable=None: progress bars on a terminal only, so logs in files stay readable.
     bar = tqdm(total=args.max_iters, initial=step, desc=name, disable=None if ctx.master and ctx.bars else True,
@@ -695,6 +751,11 @@ def train_run(args, variant, double_heads, data, ctx, log):
     last_log = time.time()
     try:
         while step < args.max_iters:
+            if ctx.all_mean(float(STOP.value != 0)):  # between two steps, agreed by every process: a whole state
+                if step != saved:
+                    elapsed = time.time() - t0
+                    save(step)
+                raise Interrupted(f"{name}: interrupted at iteration {step}")
             lr = lr_at(step, args)
             for group in optimizer.param_groups:
                 group["lr"] = lr
@@ -724,8 +785,7 @@ def train_run(args, variant, double_heads, data, ctx, log):
                 loss_sum, loss_count = 0.0, 0
                 rows.append(row)
                 if ctx.master:
-                    with open(metrics_path, "a") as f:
-                        f.write(json.dumps(row) + "\n")
+                    write(metrics_path, lambda f: f.write((json.dumps(row) + "\n").encode()), append=True)
                     bar.write(f"{name} iter {step}: train {row['train_loss']:.4f} val {val_loss:.4f}")
             if step % args.ckpt_interval == 0 or step == args.max_iters:
                 elapsed = time.time() - t0
@@ -824,9 +884,47 @@ def check_out_dir(out_dir):
         raise UsageError(f"--out_dir {out_dir} is not a writable folder ({e.strerror}); choose another") from None
 
 
+CKPT_SLACK = 2**20  # a checkpoint's bytes beyond 12 a parameter (RNG states, the zip's headers), generously
+METRICS_ROW_BYTES = 256  # a metrics.jsonl row takes about 200
+
+
+def check_disk(args, configs, jobs):
+    """UsageError unless the disk of --out_dir has room for what the runs will write. At the end every run's
+    checkpoint exists (12 bytes a parameter: float32 weights and AdamW's two moments), less what its ckpt.pt already
+    holds (a run resumed, finished or overwritten); while one is replaced (atomic_write) old and new both exist: one
+    more copy of the largest per --jobs process writing at once. And the metrics rows."""
+    size = {model: 12 * n_params(c) + CKPT_SLACK for model, c in zip(models_of(args), configs)}
+    runs, free = runs_of(args), shutil.disk_usage(args.out_dir).free
+    ckpts = [run_dir(args.out_dir, *run) / "ckpt.pt" for run in runs]
+    need = sum(max(0, size[run[:2]] - (p.stat().st_size if p.exists() else 0)) for run, p in zip(runs, ckpts))
+    need += jobs * max(size.values()) + len(runs) * METRICS_ROW_BYTES * (args.max_iters // args.eval_interval + 1)
+    if need > free:
+        raise UsageError(f"--out_dir {args.out_dir}: {len(runs)} run(s) need {need / 2**20:,.1f} MiB of disk (their "
+                         f"checkpoints, a copy while one is replaced, metrics) but {free / 2**20:,.1f} MiB are free; "
+                         "free space or choose another --out_dir")
+
+
+def lock_runs(stack, folders):
+    """Hold each run folder until stack closes: an exclusive flock on <folder>/.lock, which names its holder. The
+    kernel drops it with the process (a kill -9 leaves no stale lock); plot.py reads without it. UsageError for a
+    folder that another process holds, before anything of it is written."""
+    for folder in folders:
+        folder.mkdir(parents=True, exist_ok=True)
+        lock = stack.enter_context(open(folder / ".lock", "a+"))
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.seek(0)
+            raise UsageError(f"{folder} is being trained by {lock.read().strip() or 'another process'}; wait for it "
+                             "to finish, stop it, or choose another --out_dir") from None
+        lock.truncate(0)
+        lock.write(f"process {os.getpid()} on {socket.gethostname()}\n")
+        lock.flush()
+
+
 def main(argv=None):
-    """Train the requested runs (or print their --dry_run summaries); returns 0.
-    Raises UsageError / ConfigError for bad input, Diverged for a NaN loss."""
+    """Train the requested runs (or print their --dry_run summaries); returns 0. Raises UsageError / ConfigError
+    for bad input, Diverged for a NaN loss, WriteError for a failed write, Interrupted after a signal."""
     args = get_args(argv)
     models = models_of(args)
     if args.sample:
@@ -852,17 +950,21 @@ def main(argv=None):
     block_size = configs[0].block_size  # one for every run: the preset's or --block_size
     data, passes = load_data(args, ctx, block_size, min(c.vocab_size for c in configs))
     check_out_dir(args.out_dir)
-    where = f"{jobs} processes of {ctx.threads // jobs} thread(s)" if jobs > 1 else f"{ctx.world_size} process(es)"
-    log(f"data: {data.source}, {data.n_tokens['train']:,} train / {data.n_tokens['val']:,} val tokens, "
-        f"sha256 {data.fingerprint}; {where} on {ctx.device}, {args.dtype or ctx.dtype}")
-    log(f"training: {passes}, windows of {block_size} tokens drawn without replacement")
+    locks = ExitStack()  # rank 0 holds the run folders (for the --jobs workers too) until main returns or raises
+    with locks, stop_on_signals():
+        on_master(ctx, lambda: (check_disk(args, configs, jobs),
+                                lock_runs(locks, [run_dir(args.out_dir, *run) for run in runs])))
+        where = f"{jobs} processes of {ctx.threads // jobs} thread(s)" if jobs > 1 else f"{ctx.world_size} process(es)"
+        log(f"data: {data.source}, {data.n_tokens['train']:,} train / {data.n_tokens['val']:,} val tokens, "
+            f"sha256 {data.fingerprint}; {where} on {ctx.device}, {args.dtype or ctx.dtype}")
+        log(f"training: {passes}, windows of {block_size} tokens drawn without replacement")
 
-    seeds = list(range(args.seed, args.seed + args.seeds))
-    if jobs == 1:
-        results = train_seeds(args, seeds, data, ctx, log)
-    else:
-        results = train_seeds_in_processes(args, seeds, dataclasses.replace(ctx, threads=ctx.threads // jobs, bars=False),
-                                           jobs)
+        seeds = list(range(args.seed, args.seed + args.seeds))
+        if jobs == 1:
+            results = train_seeds(args, seeds, data, ctx, log)
+        else:
+            results = train_seeds_in_processes(args, seeds, dataclasses.replace(ctx, threads=ctx.threads // jobs,
+                                                                                bars=False), jobs)
     for folder, last in results.items():
         if last:
             log(f"{folder}: final val loss {last['val_loss']:.4f} after {last['tokens']:,} tokens")
@@ -891,23 +993,33 @@ def dry_run(args, models, configs, world):
     return 0
 
 
-def load_data(args, ctx, block_size, vocab_size):
-    """This process's TokenData and the check_passes line. Rank 0 alone loads, scans (TokenData.check) and
-    fingerprints the data; the others take its verdict, so a bad input stops every rank alike (UsageError), and
-    then map the same files without reading them."""
-    verdict = [None, None, None]  # error, fingerprint, passes
+def on_master(ctx, check):
+    """check() on rank 0 alone, its result given to every rank; its UsageError too, so a refusal stops all alike."""
+    verdict = [None, None]  # error, result
     if ctx.master:
         try:
-            data = TokenData.load(args.data, args.out_dir)
-            data.check(block_size, vocab_size)
-            verdict = [None, data.fingerprint, check_passes(args, data, block_size, ctx.world_size)]
+            verdict[1] = check()
         except UsageError as e:
             verdict[0] = str(e)
     if ctx.world_size > 1:
         dist.broadcast_object_list(verdict, src=0)
     if verdict[0]:
         raise UsageError(verdict[0])
-    return data if ctx.master else TokenData.load(args.data, args.out_dir, verdict[1]), verdict[2]
+    return verdict[1]
+
+
+def load_data(args, ctx, block_size, vocab_size):
+    """This process's TokenData and the check_passes line. Rank 0 alone loads, scans (TokenData.check) and
+    fingerprints the data; the others take its verdict (on_master), and then map the same files without reading
+    them."""
+    loaded = []
+
+    def check():
+        loaded.append(TokenData.load(args.data, args.out_dir))
+        loaded[0].check(block_size, vocab_size)
+        return loaded[0].fingerprint, check_passes(args, loaded[0], block_size, ctx.world_size)
+    fingerprint, passes = on_master(ctx, check)
+    return loaded[0] if ctx.master else TokenData.load(args.data, args.out_dir, fingerprint), passes
 
 
 def human(n):
@@ -1024,16 +1136,30 @@ def train_seeds_in_processes(args, seeds, ctx, jobs):
     each; {run folder: last evaluation}. Tiny models use few cores well: one process per
     seed trains more tokens per second than one process using all the cores.
 
-    The workers never outlive the ablation: a worker's error (raised here), Ctrl-C or a
-    SIGTERM to this process terminates the others (Pool.__exit__); each run's last
-    checkpoint is whole (atomic writes), so --resume continues from it."""
-    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))  # `kill` -> with-exit
+    The workers never outlive the ablation. They ignore SIGINT (a terminal's Ctrl-C
+    reaches the whole process group) and read this process's STOP instead: a signal to it
+    has each worker checkpoint after its step and return (Interrupted, raised here for
+    all); a second one, or a worker's error (raised here), terminates them
+    (Pool.__exit__), each run's last checkpoint whole (atomic writes)."""
+    global STOP
+    spawn = multiprocessing.get_context("spawn")
+    STOP = spawn.RawValue("i", STOP.value)
+    default = signal.signal(signal.SIGINT, signal.SIG_IGN)  # inherited through exec: from the workers' first line
     try:
-        with multiprocessing.get_context("spawn").Pool(jobs) as pool:
-            parts = pool.starmap(train_seed_process, [(args, seed, ctx) for seed in seeds], chunksize=1)
+        pool = spawn.Pool(jobs, initializer=share_stop, initargs=(STOP,))
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, default)
+    with pool:
+        parts = pool.starmap(train_seed_process, [(args, seed, ctx) for seed in seeds], chunksize=1)
+    if any(isinstance(part, Interrupted) for part in parts):
+        raise Interrupted(", ".join(str(part) for part in parts if isinstance(part, Interrupted)))
     return {folder: last for part in parts for folder, last in part.items()}
+
+
+def share_stop(stop):
+    """--jobs worker initializer: the parent's STOP."""
+    global STOP
+    STOP = stop
 
 
 def train_seed_process(args, seed, ctx):
@@ -1043,18 +1169,28 @@ def train_seed_process(args, seed, ctx):
     tqdm.set_lock(threading.RLock())
     torch.set_num_threads(ctx.threads)
     data = TokenData.load(args.data, args.out_dir)  # the checked data, read again (corpus: from its cache)
-    return train_seeds(args, [seed], data, ctx, lambda msg: print(msg, flush=True))
+    try:
+        return train_seeds(args, [seed], data, ctx, lambda msg: print(msg, flush=True))
+    except Interrupted as e:  # returned: raised, Pool would end the other workers before they checkpoint
+        return e
 
 
 def cli(argv=None):
     """main() with bad input reported as one line on stderr (under torchrun, by every
-    rank, with its rank): exit status 2 for usage and data errors, 1 for a diverged run."""
+    rank, with its rank): exit status 2 for usage and data errors, 1 for a diverged run
+    or a failed write. A signal's stop, one line too: 128 + its number (130 SIGINT, 143
+    SIGTERM); KeyboardInterrupt: Ctrl-C before training, or a second signal."""
+    STOP.value = 0
+    rank = f"rank {os.environ['RANK']}: " if int(os.environ.get("WORLD_SIZE", 1)) > 1 else ""
     try:
         return main(argv)
-    except (UsageError, gla.ConfigError, Diverged) as e:
-        rank = f"rank {os.environ['RANK']}: " if int(os.environ.get("WORLD_SIZE", 1)) > 1 else ""
+    except (UsageError, gla.ConfigError, Diverged, WriteError) as e:
         print(f"train.py: error: {rank}{e}", file=sys.stderr)
-        return 1 if isinstance(e, Diverged) else 2
+        return 2 if isinstance(e, (UsageError, gla.ConfigError)) else 1
+    except (Interrupted, KeyboardInterrupt) as e:
+        stop = e if isinstance(e, Interrupted) else "stopped at once" if STOP.value else "interrupted"
+        print(f"train.py: {rank}{stop}" + (": --resume continues" if STOP.value else ""), file=sys.stderr)
+        return 128 + (STOP.value or signal.SIGINT)
 
 
 if __name__ == "__main__":

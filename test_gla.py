@@ -1941,10 +1941,14 @@ def test_ctrl_c_stops_every_jobs_worker_at_a_checkpoint_and_resume_finishes(tmp_
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     rows = [rdir(out, "gqa", seed) / "metrics.jsonl" for seed in (SEED, SEED + 1)]
     deadline = time.time() + 120
-    while not all(map(has_rows, rows)) and time.time() < deadline and proc.poll() is None:
-        time.sleep(0.02)
-    os.killpg(proc.pid, signal.SIGINT)
-    err = proc.communicate(timeout=120)[1]
+    try:
+        while not all(map(has_rows, rows)) and time.time() < deadline and proc.poll() is None:
+            time.sleep(0.02)
+        os.killpg(proc.pid, signal.SIGINT)
+        err = proc.communicate(timeout=120)[1]
+    finally:  # a pool that lost a worker waits for it forever
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 130 and "Traceback" not in err and len(err.splitlines()) == 1, err
     stops = re.findall(r"(\w+) seed (\d+): interrupted at iteration (\d+)", err)
     assert sorted(int(seed) for _, seed, _ in stops) == [SEED, SEED + 1], err  # each worker stopped, checkpointed

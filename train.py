@@ -17,7 +17,9 @@ heads seed by seed, so the data noise cancels in their difference, and the
 spread across seeds is the band of the figure.
 
 Writes <out_dir>/<run>/seed<seed>/{config.json, metrics.jsonl, ckpt.pt}, run =
-gqa, gqa_double_heads, mla, ... Bad input: one line on stderr, exit status 2.
+gqa, gqa_double_heads, mla, ..., and holds each run's .lock while training it. Bad input
+(a disk without room included): one line on stderr, exit status 2. Ctrl-C or SIGTERM:
+a checkpoint after the current step, exit status 130 or 143; a second one stops at once.
 """
 
 import argparse
@@ -950,8 +952,7 @@ def main(argv=None):
     block_size = configs[0].block_size  # one for every run: the preset's or --block_size
     data, passes = load_data(args, ctx, block_size, min(c.vocab_size for c in configs))
     check_out_dir(args.out_dir)
-    locks = ExitStack()  # rank 0 holds the run folders (for the --jobs workers too) until main returns or raises
-    with locks, stop_on_signals():
+    with ExitStack() as locks, stop_on_signals():  # rank 0 holds the run folders (for any --jobs workers too)
         on_master(ctx, lambda: (check_disk(args, configs, jobs),
                                 lock_runs(locks, [run_dir(args.out_dir, *run) for run in runs])))
         where = f"{jobs} processes of {ctx.threads // jobs} thread(s)" if jobs > 1 else f"{ctx.world_size} process(es)"

@@ -1796,7 +1796,7 @@ def test_sigterm_stops_the_jobs_workers_too(tmp_path, text_file):
     while not list((tmp_path / "out").glob("gqa/seed*/config.json")) and time.time() < deadline:
         time.sleep(0.05)  # the workers are training
     proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=60) != 0
+    assert proc.wait(timeout=60) == 128 + signal.SIGTERM  # the workers checkpointed and returned
     deadline = time.time() + 30
     while any(map(alive, workers)) and time.time() < deadline:
         time.sleep(0.05)
@@ -1849,6 +1849,21 @@ def test_full_disk_at_a_checkpoint_keeps_the_last_one_and_resume_matches(tmp_pat
     monkeypatch.setattr(train, "atomic_write", real)  # room again
     assert train.cli([*args, "--out_dir", str(out), "--resume"]) == 0
     assert strip_timing(metrics(out, "gqa")) == strip_timing(metrics(tmp_path / "ref", "gqa"))
+
+
+def test_a_failed_metrics_append_is_one_line_naming_the_file(tmp_path, text_file, capsys, monkeypatch):
+    def read_only(path, mode="r", *args, **kwargs):
+        if mode == "ab":
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+        return open(path, mode, *args, **kwargs)
+
+    monkeypatch.setattr(train, "open", read_only, raising=False)
+    out = tmp_path / "out"
+    argv = ["--attn", "gqa", "--data", str(text_file), "--max_iters", "5", "--eval_interval", "5", *TINY]
+    assert train.cli([*argv, "--out_dir", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert one_line_error(err) and f"cannot write {rdir(out, 'gqa') / 'metrics.jsonl'}: Read-only file system; no " \
+        "checkpoint yet: make it writable, then --resume" in err, err
 
 
 def test_a_disk_without_room_for_the_runs_is_refused_before_anything_is_written(tmp_path, text_file, capsys,

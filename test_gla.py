@@ -2014,8 +2014,7 @@ def test_resume_frees_the_loaded_checkpoint_and_strips_wrapper_prefixes(tmp_path
         return real_step(*args)
 
     monkeypatch.setattr(train, "train_step", interrupted)
-    with pytest.raises(KeyboardInterrupt):
-        train.cli(argv)
+    assert train.cli(argv) == 130  # stopped at once, as by a second Ctrl-C
     path = rdir(out, "mla") / "ckpt.pt"
     ckpt = torch.load(path, weights_only=True)
     assert ckpt["iter"] == 10

@@ -17,6 +17,7 @@ if not HAS_CUDA:
 
 import copy
 import dataclasses
+import errno
 import importlib.util
 import json
 import math
@@ -1524,7 +1525,7 @@ def test_training_on_default_corpus_lowers_val_loss(tmp_path, corpus, capsys):
     spec = json.loads((rdir(out, "gla2_double_heads") / "config.json").read_text())
     assert spec["model"]["n_head"] == 16 and spec["model"]["n_latent_heads"] == 2
     ckpt = torch.load(rdir(out, "gla2_double_heads") / "ckpt.pt", weights_only=True)
-    assert ckpt["iter"] == 60 and {"model", "optimizer", "rng", "config"} <= set(ckpt)
+    assert ckpt["iter"] == 60 and {"model", "optimizer", "config"} <= set(ckpt)
     model = gla.GPT(gla.GPTConfig(**ckpt["config"]["model"]))
     model.load_state_dict(ckpt["model"])
 
@@ -1736,7 +1737,7 @@ def test_sigkill_then_resume_gives_identical_metrics(tmp_path, text_file):
     assert 0 < ckpt["iter"] < 80, "the run finished before it was killed; the test proves nothing"
     (rdir(killed, "mla") / ".ckpt.pt.x1y2").write_bytes(b"as if killed inside atomic_write")
     assert train.cli([*args, "--out_dir", str(killed), "--resume"]) == 0
-    assert not list(rdir(killed, "mla").glob(".*"))  # the stale temporary is gone
+    assert not list(rdir(killed, "mla").glob(".*.pt.*"))  # the stale temporary is gone
     ref, resumed = metrics(tmp_path / "ref", "mla"), metrics(killed, "mla")
     assert [r["iter"] for r in resumed] == [r["iter"] for r in ref]  # none lost, none repeated
     assert strip_timing(resumed) == strip_timing(ref)  # bit-identical losses on CPU
@@ -1762,8 +1763,7 @@ def test_resume_drops_the_evaluations_past_its_checkpoint(tmp_path, text_file, m
 
     monkeypatch.setattr(train, "train_step", stopped)
     out = tmp_path / "stopped"
-    with pytest.raises(KeyboardInterrupt):
-        train.cli([*args, "--out_dir", str(out)])
+    assert train.cli([*args, "--out_dir", str(out)]) == 130
     folder = rdir(out, "gla2")
     with open(folder / "metrics.jsonl", "a") as f:
         f.write('{"iter": 21, "tok')  # and a line cut by the kill
@@ -1799,11 +1799,183 @@ def test_sigterm_stops_the_jobs_workers_too(tmp_path, text_file):
     while not list((tmp_path / "out").glob("gqa/seed*/config.json")) and time.time() < deadline:
         time.sleep(0.05)  # the workers are training
     proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=60) != 0
+    assert proc.wait(timeout=60) == 128 + signal.SIGTERM  # the workers checkpointed and returned
     deadline = time.time() + 30
     while any(map(alive, workers)) and time.time() < deadline:
         time.sleep(0.05)
     assert not any(map(alive, workers)), "a worker outlived its ablation"
+
+
+TINY = ["--batch_size", "4", "--block_size", "16", "--eval_iters", "1", "--warmup_iters", "2", "--seeds", "1", *NARROW]
+
+
+class FullDisk:
+    """A file on a disk that fills after `room` bytes: a write past it raises ENOSPC."""
+
+    def __init__(self, f, room):
+        self.f, self.room = f, room
+
+    def write(self, b):
+        if len(b) > self.room:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        self.room -= len(b)
+        return self.f.write(b)
+
+    def __getattr__(self, name):
+        return getattr(self.f, name)
+
+
+def test_full_disk_at_a_checkpoint_keeps_the_last_one_and_resume_matches(tmp_path, text_file, capsys, monkeypatch):
+    args = ["--attn", "gqa", "--data", str(text_file), "--max_iters", "30", "--eval_interval", "5", "--ckpt_interval",
+            "10", *TINY]
+    assert train.cli([*args, "--out_dir", str(tmp_path / "ref")]) == 0
+    real, checkpoints = train.atomic_write, []
+
+    def full_at_the_second_checkpoint(writers):
+        for path, write in list(writers.items()):
+            if path.name == "ckpt.pt":
+                checkpoints.append(path)
+                if len(checkpoints) == 2:  # torch.save itself meets the full disk, 1 kB into the file
+                    writers[path] = lambda f: write(FullDisk(f, 1000))
+        real(writers)
+
+    monkeypatch.setattr(train, "atomic_write", full_at_the_second_checkpoint)
+    out = tmp_path / "full"
+    folder = rdir(out, "gqa")
+    assert train.cli([*args, "--out_dir", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert one_line_error(err) and f"cannot write {folder / 'ckpt.pt'}: No space left on device; the checkpoint of " \
+        "iteration 10 and its metrics are kept: free space, then --resume" in err, err
+    assert torch.load(folder / "ckpt.pt", weights_only=True)["iter"] == 10  # the last one, whole
+    assert not list(folder.glob(".*.pt.*"))
+    assert [r["iter"] for r in metrics(out, "gqa")] == [5, 10, 15, 20]  # 15 and 20: past the checkpoint
+    monkeypatch.setattr(train, "atomic_write", real)  # room again
+    assert train.cli([*args, "--out_dir", str(out), "--resume"]) == 0
+    assert strip_timing(metrics(out, "gqa")) == strip_timing(metrics(tmp_path / "ref", "gqa"))
+
+
+def test_a_failed_metrics_append_is_one_line_naming_the_file(tmp_path, text_file, capsys, monkeypatch):
+    def read_only(path, mode="r", *args, **kwargs):
+        if mode == "ab":
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+        return open(path, mode, *args, **kwargs)
+
+    monkeypatch.setattr(train, "open", read_only, raising=False)
+    out = tmp_path / "out"
+    argv = ["--attn", "gqa", "--data", str(text_file), "--max_iters", "5", "--eval_interval", "5", *TINY]
+    assert train.cli([*argv, "--out_dir", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert one_line_error(err) and f"cannot write {rdir(out, 'gqa') / 'metrics.jsonl'}: Read-only file system; no " \
+        "checkpoint yet: make it writable, then --resume" in err, err
+
+
+def test_a_disk_without_room_for_the_runs_is_refused_before_anything_is_written(tmp_path, text_file, capsys,
+                                                                                monkeypatch):
+    out = tmp_path / "out"
+    argv = ["--attn", "all", "--out_dir", str(out), "--data", str(text_file), *FAST]
+    args = train.get_args(argv)
+    configs = [train.model_config(args, v, d) for v, d in train.models_of(args)]
+    sizes = [12 * train.n_params(c) + train.CKPT_SLACK for c in configs]
+    # every checkpoint, a copy of the largest while it is replaced, 4 metrics rows (iterations 10, 20, 30) per run
+    need = sum(sizes) + max(sizes) + 6 * 4 * train.METRICS_ROW_BYTES
+    free = [need]
+    monkeypatch.setattr(train.shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**12, 0, free[0]))
+    out.mkdir()
+    train.check_disk(args, configs, jobs=1)  # room enough
+    free[0] = need - 1
+    with pytest.raises(train.UsageError, match="6 run"):
+        train.check_disk(args, configs, jobs=1)
+    rdir(out, "gqa").mkdir(parents=True)
+    (rdir(out, "gqa") / "ckpt.pt").write_bytes(b"\0" * 1000)  # a run already there needs less
+    train.check_disk(args, configs, jobs=1)
+    with pytest.raises(train.UsageError):  # two --jobs processes may replace their checkpoints at once
+        train.check_disk(args, configs, jobs=2)
+    shutil.rmtree(out)
+    free[0] = 2**20
+    assert train.cli(argv) == 2
+    err = capsys.readouterr().err
+    assert one_line_error(err) and f"need {need / 2**20:,.1f} MiB of disk" in err, err
+    assert "but 1.0 MiB are free; free space or choose another --out_dir" in err
+    assert not list(out.glob("*/seed*"))
+
+
+def test_a_second_process_into_a_run_is_refused_and_the_first_is_unharmed(tmp_path, text_file, capsys):
+    out = tmp_path / "out"
+    args = ["--attn", "mla", "--data", str(text_file), "--max_iters", "20", "--eval_interval", "5", "--ckpt_interval",
+            "1000", "--out_dir", str(out), *TINY]
+    first = subprocess.Popen([sys.executable, "train.py", *args], cwd=REPO, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 120
+        while not (rdir(out, "mla") / "config.json").exists() and time.time() < deadline and first.poll() is None:
+            time.sleep(0.02)
+        first.send_signal(signal.SIGSTOP)  # holding its run, stopped: the second comes while it trains
+        written = {p: p.read_bytes() for p in rdir(out, "mla").iterdir()}
+        for second in ([], ["--overwrite"], ["--attn", "all"]):  # --attn all holds gqa, gqa_double_heads, then mla
+            assert train.cli([*args, *second]) == 2
+            err = capsys.readouterr().err
+            assert one_line_error(err) and f"{rdir(out, 'mla')} is being trained by process {first.pid} on " in err, err
+            assert "wait for it to finish, stop it, or choose another --out_dir" in err
+            assert {p: p.read_bytes() for p in rdir(out, "mla").iterdir()} == written  # nothing written
+    finally:
+        first.send_signal(signal.SIGCONT)
+    assert first.wait(timeout=300) == 0, first.stderr.read()
+    assert [r["iter"] for r in metrics(out, "mla")] == [5, 10, 15, 20]
+    assert torch.load(rdir(out, "mla") / "ckpt.pt", weights_only=True)["iter"] == 20
+
+
+def has_rows(path):
+    """metrics.jsonl holds an evaluation (the run trains)."""
+    return path.exists() and path.stat().st_size > 0
+
+
+def test_sigint_checkpoints_and_resume_gives_identical_metrics(tmp_path, text_file):
+    args = ["--attn", "gla2", "--data", str(text_file), "--max_iters", "30", "--eval_interval", "5", "--ckpt_interval",
+            "1000", *TINY]  # no checkpoint before the end but the one that the interrupt writes
+    assert train.cli([*args, "--out_dir", str(tmp_path / "ref")]) == 0
+    out = tmp_path / "stopped"
+    proc = subprocess.Popen([sys.executable, "train.py", *args, "--out_dir", str(out)], cwd=REPO,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while not has_rows(rdir(out, "gla2") / "metrics.jsonl") and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGINT)
+    err = proc.communicate(timeout=120)[1]
+    stopped = re.fullmatch(r"train\.py: gla2 seed 1337: interrupted at iteration (\d+): --resume continues\n", err)
+    assert proc.returncode == 130 and stopped, err
+    at = int(stopped[1])
+    assert 5 <= at < 30, "the run finished before the signal; the test proves nothing"
+    assert torch.load(rdir(out, "gla2") / "ckpt.pt", weights_only=True)["iter"] == at
+    assert train.cli([*args, "--out_dir", str(out), "--resume"]) == 0
+    assert strip_timing(metrics(out, "gla2")) == strip_timing(metrics(tmp_path / "ref", "gla2"))
+
+
+def test_ctrl_c_stops_every_jobs_worker_at_a_checkpoint_and_resume_finishes(tmp_path, text_file):
+    out = tmp_path / "out"
+    args = ["--attn", "all", "--data", str(text_file), "--max_iters", "12", "--eval_interval", "4", *TINY,
+            "--seeds", "2", "--jobs", "2", "--out_dir", str(out)]
+    # a session of its own, so that the signal reaches the whole process group as a terminal's Ctrl-C does
+    proc = subprocess.Popen([sys.executable, "train.py", *args], cwd=REPO, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    rows = [rdir(out, "gqa", seed) / "metrics.jsonl" for seed in (SEED, SEED + 1)]
+    deadline = time.time() + 120
+    try:
+        while not all(map(has_rows, rows)) and time.time() < deadline and proc.poll() is None:
+            time.sleep(0.02)
+        os.killpg(proc.pid, signal.SIGINT)
+        err = proc.communicate(timeout=120)[1]
+    finally:  # a pool that lost a worker waits for it forever
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130 and "Traceback" not in err and len(err.splitlines()) == 1, err
+    stops = re.findall(r"(\w+) seed (\d+): interrupted at iteration (\d+)", err)
+    assert sorted(int(seed) for _, seed, _ in stops) == [SEED, SEED + 1], err  # each worker stopped, checkpointed
+    for run, seed, at in stops:
+        ckpt = rdir(out, run, int(seed)) / "ckpt.pt"
+        assert (torch.load(ckpt, weights_only=True)["iter"] if ckpt.exists() else 0) == int(at) < 12
+    assert train.cli(args + ["--resume"]) == 0
+    for folder in out.glob("*/seed*"):
+        assert [json.loads(line)["iter"] for line in (folder / "metrics.jsonl").open()] == [4, 8, 12], folder
 
 
 def test_resume_refuses_a_different_setup(tmp_path, text_file, capsys):
@@ -1843,8 +2015,7 @@ def test_resume_frees_the_loaded_checkpoint_and_strips_wrapper_prefixes(tmp_path
         return real_step(*args)
 
     monkeypatch.setattr(train, "train_step", interrupted)
-    with pytest.raises(KeyboardInterrupt):
-        train.cli(argv)
+    assert train.cli(argv) == 130  # stopped at once, as by a second Ctrl-C
     path = rdir(out, "mla") / "ckpt.pt"
     ckpt = torch.load(path, weights_only=True)
     assert ckpt["iter"] == 10
@@ -2124,7 +2295,7 @@ def test_sequential_data_order_reads_each_process_its_own_shards_in_order(tmp_pa
 def test_only_rank_zero_reads_and_checks_the_data(text_file, monkeypatch):
     sent = []
     monkeypatch.setattr(train.dist, "broadcast_object_list", lambda objs, src: objs.__setitem__(
-        slice(None), [None, "f00d", "passes from rank 0"]) or sent.append(src))
+        slice(None), [None, ("f00d", "passes from rank 0")]) or sent.append(src))
     monkeypatch.setattr(train.TokenData, "check", lambda *a: pytest.fail("rank 1 scanned the data"))
     monkeypatch.setattr(train.hashlib, "sha256", lambda *a: pytest.fail("rank 1 hashed the data"))
     args = train.get_args(["--data", str(text_file)])
@@ -2132,7 +2303,7 @@ def test_only_rank_zero_reads_and_checks_the_data(text_file, monkeypatch):
     data, passes = train.load_data(args, ctx, 64, 256)
     assert sent == [0] and data.fingerprint == "f00d" and passes == "passes from rank 0"
     monkeypatch.setattr(train.dist, "broadcast_object_list", lambda objs, src: objs.__setitem__(
-        slice(None), ["rank 0 found a bad token", None, None]))
+        slice(None), ["rank 0 found a bad token", None]))
     with pytest.raises(train.UsageError, match="rank 0 found a bad token"):
         train.load_data(args, ctx, 64, 256)
 

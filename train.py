@@ -3,26 +3,26 @@ Train one configuration of the double-heads ablation, or all six; or sample from
 
     python train.py --attn gla2 --double_heads        # one run, tiny preset, CPU ok
     python train.py --attn all                        # the six runs of the ablation
-    torchrun --standalone --nproc_per_node=8 train.py --attn all --preset paper --data edu_fineweb100B/ --grad_accum 60 --compile
+    torchrun --standalone --nproc_per_node=8 train.py --attn all --preset paper \\
+        --data edu_fineweb100B/ --grad_accum 60 --compile
     python train.py --sample out/gla2/seed1337 --prompt "The return value"
 
-The ablation (Liu et al., "Multi-Head Low-Rank Attention", ICLR 2026, arXiv
-2603.02188) trains GQA, MLA and GLA-2 twice: baseline, and with the query heads
-doubled at equal parameters and equal KV cache (gla.make_config), each for
---seeds seeds (--seed, --seed + 1, ...). For a fair difference, the runs of one
-seed see the same data in the same order, start from the same torch seed, and
-are evaluated on the same fixed validation batches: batch `i` is a pure function
-of (seed, i), which also makes resuming exact. plot.py pairs baseline and double
-heads seed by seed, so the data noise cancels in their difference, and the
-spread across seeds is the band of the figure.
+The ablation (Liu et al., "Multi-Head Low-Rank Attention", ICLR 2026, arXiv 2603.02188) trains GQA, MLA and GLA-2 as
+baseline and with doubled query heads (equal parameters and KV cache: gla.make_config), for seeds --seed, --seed + 1,
+... A seed's runs share the data order, torch seed and validation batches (batch i is a pure function of (seed, i),
+which also makes resuming exact), so plot.py's seed-by-seed difference cancels the data noise.
 
-Writes <out_dir>/<run>/seed<seed>/{config.json, metrics.jsonl, ckpt.pt}, run =
-gqa, gqa_double_heads, mla, ... Bad input: one line on stderr, exit status 2.
+Writes <out_dir>/<run>/seed<seed>/{config.json, metrics.jsonl, ckpt.pt} (run = gqa, gqa_double_heads, mla, ...),
+holding its .lock meanwhile. Bad input (a disk without room included): one line on stderr, exit status 2. Ctrl-C or
+SIGTERM: a checkpoint after the current step, exit status 130 or 143; a second one stops at once.
 """
 
 import argparse
 import ast
+import ctypes
 import dataclasses
+import errno
+import fcntl
 import functools
 import hashlib
 import json
@@ -32,14 +32,16 @@ import os
 import pathlib
 import re
 import random
+import shutil
 import signal
+import socket
 import sys
 import sysconfig
 import tempfile
 import threading
 import time
 import warnings
-from contextlib import nullcontext
+from contextlib import ExitStack, contextmanager, nullcontext
 from typing import Callable, NamedTuple
 
 import numpy as np
@@ -55,8 +57,7 @@ MODEL_FLAGS = ("n_layer", "n_embd", "head_dim", "block_size", "vocab_size", "n_h
 PLAIN_LOG_SECONDS = 60  # progress line interval when stderr is not a terminal (no tqdm bar)
 # llm.c / modded-nanogpt token shards: 256 int32 header [magic, version, n_tokens, ...], then uint16 tokens.
 SHARD_MAGIC, SHARD_VERSION, SHARD_HEADER_INTS = 20240520, 1, 256
-# Training defaults per preset; paper = Liu et al. 2026's ablation, as its MLRA release trains it
-# (60 sequences x 8 GPUs, 100k iterations, ~98B tokens).
+# Training defaults per preset; paper: the ablation as Liu et al.'s MLRA release trains it (60 x 8 GPUs, ~98B tokens).
 TRAIN_DEFAULTS = {
     "tiny": dict(max_iters=400, batch_size=16, learning_rate=2e-3, warmup_iters=200,
                  eval_interval=25, eval_iters=8, ckpt_interval=100, seeds=2),
@@ -75,6 +76,14 @@ class Diverged(Exception):
     """The loss became NaN or infinite: printed as one line, exit status 1."""
 
 
+class WriteError(Exception):
+    """A run's file could not be written (a full disk, a lost permission): one line, exit status 1."""
+
+
+class Interrupted(Exception):
+    """SIGINT / SIGTERM stopped training between two steps, checkpointed: one line, exit status 128 + signal."""
+
+
 class Parser(argparse.ArgumentParser):
     def error(self, message):  # one line through cli(), not argparse's usage block
         raise UsageError(message)
@@ -82,29 +91,25 @@ class Parser(argparse.ArgumentParser):
 
 def get_args(argv=None):
     """Parse and check the flags, filling per-preset defaults. Raises UsageError."""
-    p = Parser(prog="train.py", description=__doc__.split("\n\n")[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(prog="train.py", description=__doc__.split("\n\n")[1],
+               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--attn", default="gqa", choices=[*gla.VARIANTS, "all"], help="variant, or all six runs")
     p.add_argument("--double_heads", action="store_true", help="double the query heads (same KV cache)")
     p.add_argument("--preset", default="tiny", choices=list(gla.PRESETS))
     p.add_argument("--max_iters", type=int, help="optimizer steps (default: per preset)")
     p.add_argument("--batch_size", type=int, help="sequences per step, all processes together")
     p.add_argument("--grad_accum", type=int, default=1, help="micro-batches per process per step")
-    p.add_argument("--n_layer", type=int, help="layers (default: per preset)")
-    p.add_argument("--n_embd", type=int, help="model width (default: per preset)")
-    p.add_argument("--head_dim", type=int, help="head dim; MLA/GLA derive their dims from it (default: per preset)")
-    p.add_argument("--block_size", type=int, help="sequence length (default: per preset)")
-    p.add_argument("--vocab_size", type=int, help="vocabulary size (default: per preset; bytes need 256)")
-    p.add_argument("--n_head", type=int, help="baseline query heads (default: n_embd / head_dim)")
-    p.add_argument("--n_kv_head", type=int, help="GQA key/value heads (default: baseline n_head / 4)")
+    model_help = ("layers", "model width", "head dim; MLA/GLA derive theirs from it", "sequence length",
+                  "vocabulary size (bytes need 256)", "baseline query heads (default: n_embd / head_dim)",
+                  "GQA KV heads (default: baseline n_head / 4)")
+    for flag, text in zip(MODEL_FLAGS, model_help):
+        p.add_argument(f"--{flag}", type=int, help=text if "default" in text else text + " (default: per preset)")
     p.add_argument("--learning_rate", type=float, help="peak learning rate")
     p.add_argument("--warmup_iters", type=int, help="linear warmup steps")
     p.add_argument("--weight_decay", type=float, default=0.1)
-    p.add_argument("--decay", default="all", choices=["all", "matrices"],
-                   help="parameters that weight decay pulls toward zero: all (the paper's release, RMSNorm "
-                        "gains included; default) or matrices (nanoGPT's convention: not the norms)")
+    p.add_argument("--decay", default="all", choices=["all", "matrices"], help="all (MLRA release) or >= 2-D (nanoGPT)")
     p.add_argument("--init", default="coupled", choices=["coupled", "independent"],
-                   help="coupled (default): the two arms of a seed share the draws of what they have in common "
-                        "(common random numbers, gla.GPT.couple_init); independent: each model draws its own")
+                   help="coupled: a seed's two arms share the draws of what they have in common (gla.GPT.couple_init)")
     p.add_argument("--grad_clip", type=float, default=1.0)
     p.add_argument("--eval_interval", type=int, help="steps between validation evaluations")
     p.add_argument("--eval_iters", type=int, help="validation batches per evaluation")
@@ -116,47 +121,36 @@ def get_args(argv=None):
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
     p.add_argument("--seed", type=int, default=1337, help="first seed")
     p.add_argument("--seeds", type=int, help="seeds per run: --seed, --seed + 1, ... (default: per preset)")
-    p.add_argument("--jobs", type=int, help="CPU: seeds trained at once, one process each, the cores shared "
-                                            "between them (default: as many as seeds and cores allow)")
-    p.add_argument("--allow_repeats", action="store_true",
-                   help="--preset paper: train even if the run reads its training data more than once")
+    p.add_argument("--jobs", type=int, help="CPU: seeds trained at once, one process each (default: all that fit)")
+    p.add_argument("--allow_repeats", action="store_true", help="--preset paper: allow reading the data again")
     p.add_argument("--resume", action="store_true", help="continue each run from its checkpoint")
     p.add_argument("--overwrite", action="store_true", help="start runs over even if they have a checkpoint")
     p.add_argument("--data_order", default="permuted", choices=["permuted", "sequential"],
-                   help="permuted: windows without replacement in a keyed order; sequential: each process reads its "
-                        "training shards in order, as the MLRA release's loader does")
-    p.add_argument("--dry_run", action="store_true", help="print each run's shapes and measured peak memory as "
-                                                          "JSON lines and exit, without data or training")
+                   help="permuted: no window twice per pass; sequential: each process its shards (MLRA release)")
+    p.add_argument("--dry_run", action="store_true", help="print each run's shapes and peak memory as JSON, exit")
     p.add_argument("--world_size", type=int, help="--dry_run: plan for this many processes (default: WORLD_SIZE)")
-    p.add_argument("--device_memory", type=float, metavar="GIB",
-                   help="--dry_run: also report the largest micro-batch that fits a device of GIB GiB")
-    g = p.add_argument_group("sampling: python train.py --sample RUN [RUN ...] --prompt TEXT (under torchrun "
-                             "--nproc_per_node=N with --tp N: tensor-parallel)")
-    g.add_argument("--sample", nargs="+", metavar="RUN", help="sample from these runs (ckpt.pt or its folder) in "
-                   "turn instead of training; --seed seeds the draws, --compile compiles the steps")
+    p.add_argument("--device_memory", type=float, metavar="GIB", help="--dry_run: max micro-batch for GIB GiB")
+    g = p.add_argument_group("sampling: train.py --sample RUN [RUN ...] --prompt TEXT (torchrun + --tp N: sharded)")
+    g.add_argument("--sample", nargs="+", metavar="RUN", help="runs (ckpt.pt or folder) to sample from, by --seed")
     g.add_argument("--prompt", default="\n", help="text, or GPT-2 token ids without tiktoken (default: a newline)")
     g.add_argument("--max_new_tokens", type=int, help="default: fill the run's block_size")
     g.add_argument("--temperature", type=float, default=0.8, help="0: greedy")
     g.add_argument("--top_k", type=int, default=200, help="sample among the k likeliest tokens (0: all)")
     g.add_argument("--tp", type=int, default=1, help="tensor-parallel processes (gloo on CPU, nccl on GPUs)")
     args = p.parse_args(argv)
-    for key, value in TRAIN_DEFAULTS[args.preset].items():
-        if getattr(args, key) is None:
-            setattr(args, key, value)
-    for key in ("max_iters", "batch_size", "grad_accum", "eval_interval", "eval_iters", "ckpt_interval", "seeds",
-                "jobs", "world_size", "device_memory", *MODEL_FLAGS):
+    vars(args).update({k: v for k, v in TRAIN_DEFAULTS[args.preset].items() if getattr(args, k) is None})
+    finite = math.isfinite
+    rules = [*((key, lambda v: v <= 0, "positive") for key in ("max_iters", "batch_size", "grad_accum", "eval_interval",
+               "eval_iters", "ckpt_interval", "seeds", "jobs", "world_size", "device_memory", *MODEL_FLAGS)),
+             ("warmup_iters", lambda v: v < 0, "zero or more"),
+             ("learning_rate", lambda v: not (finite(v) and v > 0), "a positive finite number"),
+             ("grad_clip", lambda v: not (finite(v) and v > 0), "a positive finite number"),
+             ("weight_decay", lambda v: not (finite(v) and v >= 0), "a finite number >= 0"),
+             ("max_new_tokens", lambda v: v < 0, ">= 0")]
+    for key, bad, need in rules:  # in this order: the first bad flag is the one reported
         value = getattr(args, key)
-        if value is not None and value <= 0:
-            p.error(f"--{key} must be positive, got {value}")
-    if args.warmup_iters < 0:
-        p.error(f"--warmup_iters must be zero or more, got {args.warmup_iters}")
-    for key in ("learning_rate", "grad_clip"):
-        if not (math.isfinite(getattr(args, key)) and getattr(args, key) > 0):
-            p.error(f"--{key} must be a positive finite number, got {getattr(args, key)}")
-    if not (math.isfinite(args.weight_decay) and args.weight_decay >= 0):
-        p.error(f"--weight_decay must be a finite number >= 0, got {args.weight_decay}")
-    if args.max_new_tokens is not None and args.max_new_tokens < 0:
-        p.error(f"--max_new_tokens must be >= 0, got {args.max_new_tokens}")
+        if value is not None and bad(value):
+            p.error(f"--{key} must be {need}, got {value}")
     if (args.world_size or args.device_memory) and not args.dry_run:
         p.error("--world_size and --device_memory plan a --dry_run; pass --dry_run (torchrun sets the real world size)")
     if args.resume and args.overwrite:
@@ -168,14 +162,12 @@ def get_args(argv=None):
 
 def models_of(args):
     """(variant, double_heads) of each requested model."""
-    if args.attn == "all":
-        return [(v, d) for v in gla.VARIANTS for d in (False, True)]
-    return [(args.attn, args.double_heads)]
+    all_six = [(v, d) for v in gla.VARIANTS for d in (False, True)]
+    return all_six if args.attn == "all" else [(args.attn, args.double_heads)]
 
 
 def runs_of(args):
-    """(variant, double_heads, seed) of each requested run, in the order they train:
-    seed by seed, so an interrupted ablation already has whole seeds to plot."""
+    """(variant, double_heads, seed) of each run, seed by seed: an interrupted ablation has whole seeds to plot."""
     return [(v, d, seed) for seed in range(args.seed, args.seed + args.seeds) for v, d in models_of(args)]
 
 
@@ -201,18 +193,9 @@ def n_params(config):
         return gla.GPT(config).num_params()
 
 
-def summary(config, variant, double_heads, preset):
-    """The --dry_run line. n_kv_head: KV heads a decode step reads (latent heads for MLA/GLA)."""
-    return dict(attn=variant, double_heads=double_heads, preset=preset, n_params=n_params(config),
-                ffn_hidden=config.ffn_hidden, n_head=config.n_head,
-                n_kv_head=config.n_groups,
-                kv_cache_elems_per_token_per_layer=config.kv_cache_elems_per_token_per_layer)
-
-
 def atomic_write(writers):
-    """Write each file of {path: write(binary file)} under a temporary name in its folder and fsync it, then rename
-    them all into place: a kill or an error leaves each file old or new, never half written, and an error while
-    writing (a plot that raises, a full disk) replaces none of them. plot.py writes its figure with it too."""
+    """Write each file of {path: write(binary file)} to a fsynced temporary in its folder, then rename all into place:
+    a kill leaves each file old or new; an error while writing (a full disk) replaces none. plot.py uses it too."""
     tmp = {}
     try:
         for path, write in writers.items():
@@ -238,12 +221,9 @@ def atomic_write(writers):
 
 
 def stdlib_corpus():
-    """~2 MB of English that ships with every Python: the reference text in
-    pydoc_data.topics and the docstrings of the standard library's modules,
-    read with ast (never imported). Documents are shuffled with a fixed seed so
-    the validation split (last 10%) is not just the last modules of the alphabet."""
+    """~2 MB of English that ships with every Python: pydoc_data.topics and the stdlib's docstrings (read by ast, never
+    imported), shuffled with a fixed seed so the validation split (last 10%) is not the alphabet's last modules."""
     from pydoc_data.topics import topics
-
     docs = [topics[key] for key in sorted(topics)]
     root = pathlib.Path(sysconfig.get_paths()["stdlib"])
     for path in sorted(root.rglob("*.py")):
@@ -254,33 +234,31 @@ def stdlib_corpus():
             tree = ast.parse(path.read_bytes())
         except (SyntaxError, ValueError, OSError):
             continue
-        for node in ast.walk(tree):
-            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-                doc = ast.get_docstring(node)
-                if doc and len(doc) > 40:
-                    docs.append(doc)
+        nodes = [n for n in ast.walk(tree) if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef,
+                                                             ast.AsyncFunctionDef))]
+        docs += [doc for doc in map(ast.get_docstring, nodes) if doc and len(doc) > 40]
     random.Random(0).shuffle(docs)
     return "\n\n".join(docs).encode("utf-8")
 
 
 def read_shard(path):
-    """Tokens of one llm.c shard (uint16, memory-mapped) after checking its header."""
-    header = np.fromfile(path, dtype=np.int32, count=SHARD_HEADER_INTS)
-    hint = "regenerate it with llm.c's dev/data/fineweb.py"
+    """Tokens of one llm.c shard (uint16, memory-mapped) after checking its header. Raises UsageError."""
+    header, size = np.fromfile(path, dtype=np.int32, count=SHARD_HEADER_INTS), os.path.getsize(path)
+    hint, offset = "regenerate it with llm.c's dev/data/fineweb.py", SHARD_HEADER_INTS * 4
     if len(header) < 1 or header[0] != SHARD_MAGIC:
         raise UsageError(f"{path}: not an llm.c token shard (magic {header[0] if len(header) else None}, "
                          f"expected {SHARD_MAGIC}); {hint}")
     if len(header) < SHARD_HEADER_INTS:
-        raise UsageError(f"{path}: {os.path.getsize(path)} bytes, shorter than the {SHARD_HEADER_INTS * 4}-byte "
-                         f"header of an llm.c shard; the file is truncated, {hint}")
+        raise UsageError(f"{path}: {size} bytes, shorter than the {offset}-byte header of an llm.c shard; "
+                         f"the file is truncated, {hint}")
     if header[1] != SHARD_VERSION:
         raise UsageError(f"{path}: shard version {header[1]}, expected {SHARD_VERSION}")
-    n_tokens, offset = int(header[2]), SHARD_HEADER_INTS * 4
+    n_tokens = int(header[2])
     if n_tokens < 0:
         raise UsageError(f"{path}: header says {n_tokens} tokens, a negative count; the header is corrupt, {hint}")
-    if os.path.getsize(path) != offset + 2 * n_tokens:
-        raise UsageError(f"{path}: header says {n_tokens} tokens but the file holds "
-                         f"{(os.path.getsize(path) - offset) / 2:g}; the shard is truncated or corrupt")
+    if size != offset + 2 * n_tokens:
+        raise UsageError(f"{path}: header says {n_tokens} tokens but the file holds {(size - offset) / 2:g}; "
+                         "the shard is truncated or corrupt")
     return np.memmap(path, dtype=np.uint16, mode="r", offset=offset, shape=(n_tokens,))
 
 
@@ -293,11 +271,8 @@ def read_bin(path):
 
 
 class TokenData:
-    """Train and validation token streams and the deterministic batch sampler.
-
-    Each split is a list of 1-D arrays (uint8 bytes or uint16 tokens, often
-    memory-mapped shards). A window never crosses two arrays.
-    """
+    """Train and validation token streams and the deterministic batch sampler. Each split is a list of 1-D arrays
+    (uint8 bytes or uint16 tokens, often memory-mapped shards); a window never crosses two arrays."""
 
     def __init__(self, train, val, source, fingerprint):
         self.splits = {"train": train, "val": val}
@@ -306,20 +281,18 @@ class TokenData:
 
     @classmethod
     def load(cls, spec, cache_dir, fingerprint=None):
-        """spec None: the stdlib corpus (cached in cache_dir); a text file (bytes,
-        90/10 split); a folder with train.bin/val.bin; a folder of llm.c shards.
-        fingerprint: the data's, when another process has computed it (not read again)."""
+        """spec None: the stdlib corpus (cached in cache_dir); a text file (bytes, 90/10 split); a folder with
+        train.bin/val.bin or llm.c shards. fingerprint: the data's, if another process computed it (not read again)."""
         if spec is None:
             check_out_dir(cache_dir)
             path = pathlib.Path(cache_dir) / "stdlib_corpus.txt"
             if not path.exists():
-                text = stdlib_corpus()
-                atomic_write({path: lambda f: f.write(text)})
+                atomic_write({path: lambda f: f.write(stdlib_corpus())})
             return cls._from_bytes(path.read_bytes(), f"stdlib corpus ({path})", fingerprint)
         path = pathlib.Path(spec)
-        if path.is_file() and path.suffix == ".bin":
-            raise UsageError(f"--data {spec}: token files are read from their folder; pass --data {path.parent}")
         if path.is_file():
+            if path.suffix == ".bin":
+                raise UsageError(f"--data {spec}: token files are read from their folder; pass --data {path.parent}")
             return cls._from_bytes(path.read_bytes(), f"text file {path}", fingerprint)
         if not path.is_dir():
             raise UsageError(f"--data {spec}: no such file or folder")
@@ -331,19 +304,16 @@ class TokenData:
                 raise UsageError(f"--data {spec}: the folder has neither train.bin/val.bin nor "
                                  "*_train_*.bin/*_val_*.bin shards")
             train, val = [read_shard(p) for p in train], [read_shard(p) for p in val]
-        if fingerprint:
-            return cls(train, val, f"token files in {path}", fingerprint)
-        # Hashing 20 GB of shards at every start is too slow; names, sizes and the
-        # first and last MiB of each file catch a swapped or regenerated dataset.
-        digest = hashlib.sha256()
-        for p in sorted(path.glob("*.bin")):
-            size = p.stat().st_size
-            digest.update(f"{p.name}:{size}".encode())
-            with open(p, "rb") as f:
-                digest.update(f.read(1 << 20))
-                f.seek(max(0, size - (1 << 20)))
-                digest.update(f.read())
-        return cls(train, val, f"token files in {path}", digest.hexdigest()[:16])
+        if not fingerprint:  # not all of 20 GB at every start: names, sizes, the first and last MiB of each file
+            digest = hashlib.sha256()
+            for p in sorted(path.glob("*.bin")):
+                size = p.stat().st_size
+                with open(p, "rb") as f:
+                    digest.update(f"{p.name}:{size}".encode() + f.read(1 << 20))
+                    f.seek(max(0, size - (1 << 20)))
+                    digest.update(f.read())
+            fingerprint = digest.hexdigest()[:16]
+        return cls(train, val, f"token files in {path}", fingerprint)
 
     @classmethod
     def _from_bytes(cls, raw, source, fingerprint=None):
@@ -354,9 +324,8 @@ class TokenData:
         return cls([data[:n_train]], [data[n_train:]], source, fingerprint or hashlib.sha256(raw).hexdigest()[:16])
 
     def check(self, block_size, vocab_size):
-        """UsageError if a split is shorter than one block + 1 or holds a token id >=
-        vocab_size. We scan every token once (memory-mapped shards stream from disk,
-        ~10 s for 10B tokens) so that bad data stops us before anything is written."""
+        """UsageError if a split is shorter than one block + 1 or holds a token id >= vocab_size. Every token is
+        scanned (~10 s for 10B memory-mapped tokens) so that bad data stops us before anything is written."""
         for name, arrays in self.splits.items():
             if max((len(a) for a in arrays), default=0) < block_size + 1:
                 raise UsageError(f"{self.source}: the {name} split has no {block_size + 1} consecutive tokens "
@@ -367,30 +336,18 @@ class TokenData:
                                  f"pass --vocab_size {top + 1} or more (GPT-2 tokens: 50304)")
 
     def windows(self, split, block_size):
-        """Windows of one pass over a split: per array, how many non-overlapping windows of
-        block_size + 1 tokens it holds (window w starts at token w * block_size, so a
-        window's last token is the next one's first, as llm.c's loader reads)."""
+        """Per array of a split, its non-overlapping windows of block_size + 1 tokens: window w starts at token
+        w * block_size, so its last token is the next one's first (as llm.c's loader reads)."""
         return np.array([max(len(a) - 1, 0) // block_size for a in self.splits[split]], dtype=np.int64)
 
     def batch(self, split, step, batch_size, block_size, seed, rank=0, world_size=1, order="permuted"):
-        """Inputs and next-token targets of process `rank`'s share of a global batch:
-        rows [rank B/W, (rank+1) B/W) of it, (batch_size // world_size, block_size)
-        int64 each, on CPU.
-
-        Windows are drawn without replacement, pass by pass: global row j of the run
-        (j = step * batch_size + row) is position j mod N of pass j // N over the split's
-        N windows, in an order that a keyed permutation of [0, N) gives (one key per
-        seed, split and pass; no table of N entries). So within a pass every window is
-        read exactly once, as the paper's loader reads each token once, and a new pass
-        reads them in a new order. A pure function of (split, step, seed): every run
-        draws the same windows at the same step, the processes' shares are disjoint and
-        each reads only its own, and resuming needs no state.
-
-        order "sequential" reads as the MLRA release's loader does: process r takes the
-        arrays (shards) r, r + W, r + 2W, ... and reads their windows in order, its row i
-        of the run being window i mod N_r of its own N_r (check_passes refuses a process
-        without one).
-        """
+        """Inputs and next-token targets, (batch_size // world_size, block_size) int64 each on CPU: rows [rank B/W,
+        (rank+1) B/W) of the global batch. Without replacement, pass by pass: global row j = step * batch_size + row
+        is position j mod N of pass j // N over the split's N windows, ordered by a permutation of [0, N) keyed by
+        (seed, split, pass) (no table of N entries): each pass reads every window once, as the paper reads each token
+        once, in a new order. A pure function of (split, step, seed): all runs draw the same windows at a step, ranks'
+        shares are disjoint, resuming needs no state. order "sequential" (the MLRA release's loader): rank r reads
+        the windows of arrays (shards) r, r + W, ... in order, row i being window i mod N_r (check_passes: N_r > 0)."""
         arrays, counts = self.splits[split], self.windows(split, block_size)
         per = batch_size // world_size
         if order == "sequential":
@@ -418,12 +375,9 @@ def _mix64(x):
 
 
 def permute(i, n, key, rounds=4):
-    """A pseudo-random permutation of [0, n), evaluated at the indices i (int64 array),
-    with O(len(i)) memory: a balanced Feistel network (Luby and Rackoff 1988) on the
-    smallest even number of bits that holds n - 1, and cycle walking (Black and Rogaway
-    2002) for the values it maps past n: apply it again until they land in [0, n).
-    The domain is under 4n (n >= 2), so that takes under 4 tries on average. key: a tuple of
-    ints and bools; equal keys give equal permutations."""
+    """A pseudo-random permutation of [0, n) keyed by key (a tuple of ints and bools) at the int64 indices i, in
+    O(len(i)) memory: a balanced Feistel network (Luby, Rackoff 1988) on the fewest even bits holding n - 1, cycle
+    walking (Black, Rogaway 2002) the values past n (domain < 4n for n >= 2: under 4 tries on average)."""
     half = (max(2, int(n - 1).bit_length()) + 1) // 2
     mask = np.uint64((1 << half) - 1)
     subkeys = [np.uint64(int.from_bytes(hashlib.blake2b(repr((key, r)).encode(), digest_size=8).digest(), "little"))
@@ -444,10 +398,30 @@ def permute(i, n, key, rounds=4):
 # Training
 
 
+# The signal that asked training to stop, 0 if none: the training loop reads it between steps. The --jobs workers
+# read their parent's (train_seeds_in_processes), so a signal to the parent alone stops them too.
+STOP = ctypes.c_int(0)
+
+
+@contextmanager
+def stop_on_signals():
+    """SIGINT (Ctrl-C) and SIGTERM set STOP: each run checkpoints after its step and stops; a second one raises
+    KeyboardInterrupt at once, each run's last checkpoint kept."""
+    def stop(signum, frame):
+        if STOP.value:
+            raise KeyboardInterrupt
+        STOP.value = signum
+    previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
 @dataclasses.dataclass
 class Context:
     """Where and how we compute: device, autocast, and the torchrun process group."""
-
     device: torch.device
     dtype: torch.dtype
     rank: int = 0
@@ -460,9 +434,7 @@ class Context:
         return self.rank == 0
 
     def autocast(self):
-        if self.dtype == torch.float32:
-            return nullcontext()
-        return torch.autocast(self.device.type, dtype=self.dtype)
+        return nullcontext() if self.dtype == torch.float32 else torch.autocast(self.device.type, dtype=self.dtype)
 
     def all_mean(self, value):
         """Mean of a float over processes."""
@@ -484,8 +456,7 @@ def device_type(args):
 
 def setup_context(args):
     """Device, dtype and, under torchrun (RANK/WORLD_SIZE set), the process group."""
-    world = int(os.environ.get("WORLD_SIZE", 1))
-    kind = device_type(args)
+    world, kind = int(os.environ.get("WORLD_SIZE", 1)), device_type(args)
     dtype = getattr(torch, args.dtype or ("bfloat16" if kind == "cuda" else "float32"))
     if "RANK" not in os.environ:
         return Context(torch.device(args.device or kind), dtype)
@@ -497,10 +468,8 @@ def setup_context(args):
 
 
 def leave_process_group(finished):
-    """Destroy torchrun's process group, if there is one (even of one process). A rank that finished its work first
-    waits at a barrier for the others: a gloo rank that tore its group down while rank 0 was still writing its
-    checkpoint aborted at exit ("terminate called without an active exception"). After an error, no barrier: the
-    other ranks may never reach it."""
+    """Destroy torchrun's process group, if any. A rank that finished first waits at a barrier (a gloo rank that left
+    while rank 0 still wrote its checkpoint aborted at exit); after an error, none: the others may never reach it."""
     if dist.is_initialized():
         if finished:
             dist.barrier()
@@ -517,33 +486,22 @@ def lr_at(step, args):
 
 
 def make_optimizer(model, args):
-    """AdamW, betas (0.9, 0.95), eps 1e-8 (Liu et al. 2026, the MLRA release's trainer).
-
-    args.decay "all": weight decay on every parameter, RMSNorm gains included, as the
-    release's optimizer does (it takes model.parameters() whole): the paper's recipe.
-    "matrices": nanoGPT's convention, decay on >= 2-D weights only (a second group
-    without decay holds the norm gains).
-    PyTorch's fused kernel where it has one (CPU, CUDA): one pass over each parameter
-    instead of a dozen element-wise ops; the same update up to float rounding.
-    """
+    """AdamW, betas (0.9, 0.95), eps 1e-8, as the MLRA release trains (Liu et al. 2026); weight decay on every
+    parameter as it does (--decay all) or nanoGPT's >= 2-D weights only (matrices). Fused where PyTorch has it."""
     params = [p for p in model.parameters() if p.requires_grad]
-    if args.decay == "all":
-        groups = [{"params": params, "weight_decay": args.weight_decay}]
-    else:
-        groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": args.weight_decay},
-                  {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    groups = [{"params": [p for p in params if args.decay == "all" or p.dim() >= 2], "weight_decay": args.weight_decay}]
+    if args.decay == "matrices":
+        groups.append({"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0})
     fused = all(p.device.type in ("cpu", "cuda") for p in params)
     return torch.optim.AdamW(groups, lr=args.learning_rate, betas=(0.9, 0.95), fused=fused)
 
 
 def run_spec(args, config, data, dtype):
-    """What a run is: resuming under any other spec is refused. dtype: its autocast dtype."""
+    """What a run is: resuming under any other spec is refused. The data by its content: a moved folder resumes."""
     train = {k: getattr(args, k) for k in ("preset", "max_iters", "batch_size", "grad_accum", "learning_rate",
                                            "warmup_iters", "weight_decay", "decay", "grad_clip", "eval_interval",
                                            "eval_iters", "seed", "data_order", "init")}
     train["dtype"] = str(dtype).removeprefix("torch.")
-    # The data is identified by its content (fingerprint), not by its path, so a
-    # moved or relatively-named folder still resumes.
     return {"model": dataclasses.asdict(config), "train": train, "data": {"fingerprint": data.fingerprint}}
 
 
@@ -557,27 +515,6 @@ def spec_differences(saved, current, prefix=""):
         elif a != b:
             diffs.append(f"{prefix}{key}: {a!r} -> {b!r}")
     return diffs
-
-
-def rng_state():
-    """Every RNG state (torch, CUDA, numpy, python) as tensors and tuples that
-    torch.load(weights_only=True) accepts."""
-    state = {"torch": torch.get_rng_state(), "python": random.getstate()}
-    mt, keys, pos, has_gauss, cached = np.random.get_state()
-    state["numpy"] = (mt, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached)
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state):
-    """Restore what rng_state saved."""
-    torch.set_rng_state(state["torch"])
-    random.setstate(state["python"])
-    mt, keys, pos, has_gauss, cached = state["numpy"]
-    np.random.set_state((mt, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 def load_checkpoint(path, spec):
@@ -598,28 +535,26 @@ def load_checkpoint(path, spec):
 def read_metrics(path, up_to_iter):
     """Evaluations in metrics.jsonl up to an iteration; a line cut by a kill is dropped."""
     rows = []
-    if path.exists():
-        for line in path.read_text().splitlines():
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(row, dict) and isinstance(row.get("iter"), int) and row["iter"] <= up_to_iter:
-                rows.append(row)
+    for line in path.read_text().splitlines() if path.exists() else []:
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(row, dict) and isinstance(row.get("iter"), int) and row["iter"] <= up_to_iter:
+            rows.append(row)
     return rows
 
 
 def micro_batches(x, y, n, device):
-    """The n equal micro-batches of this process's share (x, y) of a batch, moved to device: no forward, in
-    training or evaluation, sees more sequences than one micro-batch (the memory check measures that much)."""
+    """The n equal micro-batches of this process's share (x, y) of a batch, on device: no forward sees more (the
+    memory check measures that much)."""
     micro = x.size(0) // n
     return [(x[m * micro:(m + 1) * micro].to(device), y[m * micro:(m + 1) * micro].to(device)) for m in range(n)]
 
 
 @torch.no_grad()
 def evaluate(model, data, args, ctx, block_size):
-    """Mean loss on the fixed validation batches 0..eval_iters-1, shared by every run, in grad_accum
-    micro-batches each (equal sizes, so the mean of their means is the batch's mean)."""
+    """Mean loss on the validation batches 0..eval_iters-1 (every run's), in equal grad_accum micro-batches each."""
     model.eval()
     total = 0.0
     for k in range(args.eval_iters):
@@ -633,9 +568,8 @@ def evaluate(model, data, args, ctx, block_size):
 
 
 def train_step(model, x, y, args, ctx):
-    """Forward and backward of this process's share (x, y) of one step's batch, in
-    grad_accum micro-batches (DDP averages the gradients on the last one).
-    Returns the step's mean loss over all processes."""
+    """Forward and backward of this process's share (x, y) of a step's batch in grad_accum micro-batches (DDP
+    averages the gradients on the last one); the step's mean loss over all processes."""
     total = 0.0
     for m, (xb, yb) in enumerate(micro_batches(x, y, args.grad_accum, ctx.device)):
         last = m == args.grad_accum - 1
@@ -647,14 +581,12 @@ def train_step(model, x, y, args, ctx):
 
 
 def train_run(args, variant, double_heads, data, ctx, log):
-    """Train (or resume, or skip if finished) one run, the one of seed args.seed;
-    returns its last evaluation."""
+    """Train (or resume, or skip if finished) the run of seed args.seed; returns its last evaluation."""
     folder = run_dir(args.out_dir, variant, double_heads, args.seed)
     name = f"{run_name(variant, double_heads)} seed {args.seed}"
     config = model_config(args, variant, double_heads)
     spec = run_spec(args, config, data, ctx.dtype)
     ckpt_path, metrics_path = folder / "ckpt.pt", folder / "metrics.jsonl"
-
     torch.manual_seed(args.seed)  # same init for every process and every resume
     model = gla.GPT(config)
     if args.init == "coupled":
@@ -669,7 +601,6 @@ def train_run(args, variant, double_heads, data, ctx, log):
         except ValueError as e:
             raise UsageError(f"cannot resume {ckpt_path}: {e}") from None
         optimizer.load_state_dict(ckpt["optimizer"])  # its saved `fused` flag wins: an old run continues unchanged
-        set_rng_state(ckpt["rng"])
         step, elapsed = ckpt["iter"], ckpt["elapsed_s"]
         loss_sum, loss_count = ckpt["train_loss_sum"], ckpt["train_loss_count"]
         del ckpt  # the model and optimizer hold copies now: no second set of weights for the whole run
@@ -678,6 +609,24 @@ def train_run(args, variant, double_heads, data, ctx, log):
             log(f"{name}: finished at iteration {step}, skipped")
             return rows[-1] if rows else None
         log(f"{name}: resuming at iteration {step}")
+    saved = step  # the iteration of the checkpoint on disk (0: none)
+
+    def write(path, fill, append=False):
+        # A full disk, a lost permission: one line naming the file; the files written before stay whole (atomic_write;
+        # read_metrics drops an append's cut last line). torch.save's RuntimeError has the OSError as its context.
+        try:
+            if not append:
+                return atomic_write({path: fill})
+            with open(path, "ab") as f:
+                fill(f)
+        except (OSError, RuntimeError) as e:
+            error = e if isinstance(e, OSError) else e.__context__
+            if not isinstance(error, OSError):
+                raise
+            kept = f"the checkpoint of iteration {saved} and its metrics are kept" if saved else "no checkpoint yet"
+            fix = "free space" if error.errno in (errno.ENOSPC, errno.EDQUOT) else "make it writable"
+            raise WriteError(f"cannot write {path}: {error.strerror or error}; {kept}: {fix}, then --resume") from None
+
     if ctx.master:
         if step == 0:  # starting over: a stale checkpoint must not be resumed later
             ckpt_path.unlink(missing_ok=True)
@@ -685,13 +634,11 @@ def train_run(args, variant, double_heads, data, ctx, log):
         for tmp in folder.glob(".*.pt.*"):  # left by a process killed inside atomic_write
             tmp.unlink()
         info = {**spec, "data": {**spec["data"], "source": data.source}}
-        atomic_write({folder / "config.json": lambda f: f.write(json.dumps(info, indent=2).encode())})
-        # Rewrite the metrics so they end exactly at the checkpoint: a resume neither
-        # repeats nor loses an evaluation.
-        atomic_write({metrics_path: lambda f: f.write("".join(json.dumps(r) + "\n" for r in rows).encode())})
+        write(folder / "config.json", lambda f: f.write(json.dumps(info, indent=2).encode()))
+        # The metrics end exactly at the checkpoint: a resume neither repeats nor loses an evaluation.
+        write(metrics_path, lambda f: f.write("".join(json.dumps(r) + "\n" for r in rows).encode()))
         log(f"{name}: {model.num_params():,} parameters, n_head {config.n_head}, ffn_hidden {config.ffn_hidden}, "
             f"KV cache {config.kv_cache_elems_per_token_per_layer} elements/token/layer")
-
     train_model = torch.compile(model) if args.compile else model
     if ctx.world_size > 1:
         train_model = DDP(train_model, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
@@ -703,24 +650,26 @@ def train_run(args, variant, double_heads, data, ctx, log):
                        f"{ckpt_path}" + ("" if ckpt_path.exists() else " (none yet)"))
 
     def save(step):
-        # A finite loss can still be followed by an update that overflows the weights:
-        # we never let such a state replace the last good checkpoint.
-        if not all(torch.isfinite(p).all() for p in model.parameters()):
+        nonlocal saved
+        if not all(torch.isfinite(p).all() for p in model.parameters()):  # a finite loss, then an overflowing update
             diverged("non-finite weights")
         if ctx.master:
             ckpt = dict(model=model.state_dict(), optimizer=optimizer.state_dict(), iter=step,
                         tokens=step * tokens_per_step, elapsed_s=elapsed, train_loss_sum=loss_sum,
-                        train_loss_count=loss_count, rng=rng_state(), config=spec)
-            atomic_write({ckpt_path: lambda f: torch.save(ckpt, f)})
-
+                        train_loss_count=loss_count, config=spec)
+            write(ckpt_path, lambda f: torch.save(ckpt, f))
+        saved = step
     # disable=None: progress bars on a terminal only, so logs in files stay readable.
     bar = tqdm(total=args.max_iters, initial=step, desc=name, disable=None if ctx.master and ctx.bars else True,
-               leave=False,
-               dynamic_ncols=True)
-    t0 = time.time() - elapsed
-    last_log = time.time()
+               leave=False, dynamic_ncols=True)
+    t0, last_log = time.time() - elapsed, time.time()
     try:
         while step < args.max_iters:
+            if ctx.all_mean(float(STOP.value != 0)):  # between two steps, agreed by every process: a whole state
+                if step != saved:
+                    elapsed = time.time() - t0
+                    save(step)
+                raise Interrupted(f"{name}: interrupted at iteration {step}")
             lr = lr_at(step, args)
             for group in optimizer.param_groups:
                 group["lr"] = lr
@@ -740,7 +689,6 @@ def train_run(args, variant, double_heads, data, ctx, log):
             if bar.disable and time.time() - last_log > PLAIN_LOG_SECONDS:  # no terminal: a line now and then
                 last_log = time.time()
                 log(f"{name} iter {step}/{args.max_iters}: loss {step_loss:.4f}, {tok_s:.0f} tokens/s")
-
             if step % args.eval_interval == 0 or step == args.max_iters:
                 val_loss = evaluate(model, data, args, ctx, config.block_size)
                 elapsed = time.time() - t0
@@ -750,8 +698,7 @@ def train_run(args, variant, double_heads, data, ctx, log):
                 loss_sum, loss_count = 0.0, 0
                 rows.append(row)
                 if ctx.master:
-                    with open(metrics_path, "a") as f:
-                        f.write(json.dumps(row) + "\n")
+                    write(metrics_path, lambda f: f.write((json.dumps(row) + "\n").encode()), append=True)
                     bar.write(f"{name} iter {step}: train {row['train_loss']:.4f} val {val_loss:.4f}")
             if step % args.ckpt_interval == 0 or step == args.max_iters:
                 elapsed = time.time() - t0
@@ -766,8 +713,8 @@ def train_run(args, variant, double_heads, data, ctx, log):
 
 
 def load_state(model, state_dict):
-    """Load a state dict into model, stripping torch.compile's and DDP's "_orig_mod." and "module." prefixes.
-    Raises ValueError (one line) naming missing, unexpected or misshapen entries."""
+    """Load a state dict into model, stripping torch.compile's "_orig_mod." and DDP's "module." prefixes. Raises
+    ValueError (one line) naming missing, unexpected or misshapen entries."""
     clean = {re.sub(r"^((_orig_mod|module)\.)+", "", key): value for key, value in state_dict.items()}
     own = model.state_dict()
     shapes = [f"{k} {tuple(clean[k].shape)} vs {tuple(own[k].shape)}" for k in sorted(own.keys() & clean.keys())
@@ -780,18 +727,12 @@ def load_state(model, state_dict):
     model.load_state_dict(clean)
 
 
-
-class Codec(NamedTuple):
-    """How a run's prompt becomes token ids (encode: str -> list of int) and its ids become text (decode)."""
-
-    name: str
-    encode: Callable[[str], list]
-    decode: Callable[[list], str]
+# How a run's prompt becomes token ids (encode: str -> list of int) and its ids become text (decode).
+Codec = NamedTuple("Codec", [("name", str), ("encode", Callable[[str], list]), ("decode", Callable[[list], str])])
 
 
 def _bytes_to_text(ids):
-    # Invalid UTF-8 (a half-learned character) shows as \xNN escapes, so nothing drawn is hidden; ids past 255 (a
-    # byte-level run with a padded vocabulary can draw them) as <id>.
+    # Nothing drawn is hidden: invalid UTF-8 (a half-learned character) shows as \xNN, ids past 255 as <id>.
     return b"".join(bytes([i]) if i < 256 else f"<{i}>".encode() for i in ids).decode(errors="backslashreplace")
 
 
@@ -804,14 +745,12 @@ def _parse_ids(prompt):
 
 
 def text_codec(config, source=None):
-    """The Codec of a run whose data source (TokenData.source, in its config.json) is `source` (None: unknown).
-    The default corpus and text files are bytes; token files hold GPT-2 ids, which tiktoken turns into text if it
-    is installed (not a dependency), else they are printed as numbers. Without a source, 256 tokens mean bytes."""
+    """The Codec of a run from its data source (TokenData.source in config.json; None: 256 tokens mean bytes): bytes
+    for the stdlib corpus and text files; GPT-2 ids for token files, as text through tiktoken if installed."""
     if config.vocab_size == 256 if source is None else not source.startswith("token files"):
         return Codec("bytes", lambda text: list(text.encode()), _bytes_to_text)
     try:
         import tiktoken
-
         enc = tiktoken.get_encoding("gpt2")
         return Codec("GPT-2 BPE (tiktoken)", enc.encode, enc.decode)
     except Exception:  # not installed, or its vocabulary file cannot be fetched (offline)
@@ -819,13 +758,12 @@ def text_codec(config, source=None):
 
 
 def load_run(path):
-    """(gla.GPTConfig, state dict, Codec) of a run, from its ckpt.pt or its folder; memory-mapped, so only the weights
-    we load are read. Raises UsageError (one line) for a missing or unreadable checkpoint."""
+    """(gla.GPTConfig, state dict, Codec) of a run, from its ckpt.pt or its folder; memory-mapped, so only the
+    weights we load are read. Raises UsageError (one line) for a missing or unreadable checkpoint."""
     path = pathlib.Path(path)
     path = path / "ckpt.pt" if path.is_dir() else path
     if not path.is_file():
-        raise UsageError(f"no checkpoint at {path}; pass a run's ckpt.pt or its folder "
-                         "(<out_dir>/<run>/seed<seed>)")
+        raise UsageError(f"no checkpoint at {path}; pass a run's ckpt.pt or its folder (<out_dir>/<run>/seed<seed>)")
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
         config, state = gla.GPTConfig(**ckpt["config"]["model"]), ckpt["model"]
@@ -851,12 +789,9 @@ def cache_report(model, full, rank, tp, length):
 
 
 def sample_runs(args):
-    """--sample: text from each run through GPT.generate (its KV cache and decode path), and tokens/s. Under
-    torchrun with --tp N, each rank builds the full model (for a moment it holds all the weights: simple, not
-    frugal), keeps its shard (gla.shard_for_tp) and runs the same generate; the all-reduces give every rank the same
-    logits, so the same seed draws the same tokens everywhere, which we check. Rank 0 prints the text and what every
-    rank holds. Bad input is found before the process group exists (weights that do not fit their model, when each
-    run is loaded), on every rank alike: one line, exit status 2."""
+    """--sample: text and tokens/s from each run through GPT.generate (KV cache, decode path). With --tp N under
+    torchrun each rank builds the full model, keeps its shard (gla.shard_for_tp) and generates; the all-reduces give
+    all ranks the same logits, hence tokens, which we check. Bad input: UsageError on every rank alike."""
     world = int(os.environ.get("WORLD_SIZE", 1))
     if args.tp != world:
         raise UsageError(f"--tp {args.tp} needs {args.tp} process(es), found WORLD_SIZE={world}: " + (
@@ -874,13 +809,13 @@ def sample_runs(args):
         config, state, codec = load_run(path)
         gla.tp_share(config, 0, args.tp)  # ConfigError for a --tp the model cannot split
         prompt, capacity = codec.encode(args.prompt), config.block_size  # positions past it were never trained
+        new = capacity - len(prompt) if args.max_new_tokens is None else args.max_new_tokens
         if not prompt or len(prompt) >= capacity:
             raise UsageError(f"{path}: the prompt is {len(prompt)} tokens ({codec.name}); it needs 1 to "
                              f"{capacity - 1} to fit the cache of block_size={capacity} with a new token")
         if not 0 <= min(prompt) <= max(prompt) < config.vocab_size:
             raise UsageError(f"{path}: prompt token ids must lie in [0, vocab_size={config.vocab_size}), got "
                              f"{min(prompt)} to {max(prompt)}")
-        new = capacity - len(prompt) if args.max_new_tokens is None else args.max_new_tokens
         if len(prompt) + new > capacity:
             raise UsageError(f"{path}: a {len(prompt)}-token prompt + --max_new_tokens {new} exceed the cache of "
                              f"block_size={capacity} tokens; lower --max_new_tokens or shorten the prompt")
@@ -904,11 +839,9 @@ def sample_runs(args):
             t0 = time.perf_counter()
             tokens = generate()[0].tolist()  # .tolist() waits for the GPU
             seconds = time.perf_counter() - t0
-            mine = (cache_report(model, config, ctx.rank, world, len(tokens)), tokens)
-            ranks = [mine]
+            ranks = [(cache_report(model, config, ctx.rank, world, len(tokens)), tokens)] * world
             if world > 1:
-                ranks = [None] * world
-                dist.all_gather_object(ranks, mine)
+                dist.all_gather_object(ranks, ranks[0])  # replaces every entry with that rank's
             if any(other != tokens for _, other in ranks):
                 raise RuntimeError("the ranks drew different tokens: their logits differ; a sharding bug")
             if ctx.master:
@@ -925,23 +858,60 @@ def sample_runs(args):
     return 0
 
 
+# ----------------------------------------------------------------------------
+# Pre-flight checks and the ablation
+
+
 def check_out_dir(out_dir):
     """UsageError unless out_dir is (or can become) a writable folder."""
-    path = pathlib.Path(out_dir)
     try:
-        path.mkdir(parents=True, exist_ok=True)
-        tempfile.TemporaryFile(dir=path).close()
+        pathlib.Path(out_dir).mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=out_dir).close()
     except OSError as e:
         raise UsageError(f"--out_dir {out_dir} is not a writable folder ({e.strerror}); choose another") from None
 
 
+CKPT_SLACK = 2**20  # a checkpoint's bytes beyond 12 a parameter (the zip's headers, the spec), generously
+METRICS_ROW_BYTES = 256  # a metrics.jsonl row takes about 200
+
+
+def check_disk(args, configs, jobs):
+    """UsageError unless --out_dir's disk has room: each run's checkpoint (12 bytes a parameter: float32 weights, two
+    AdamW moments) less its ckpt.pt's size, one more per --jobs process (atomic_write's old + new), the metrics."""
+    size = {model: 12 * n_params(c) + CKPT_SLACK for model, c in zip(models_of(args), configs)}
+    runs, free = runs_of(args), shutil.disk_usage(args.out_dir).free
+    have = [(run_dir(args.out_dir, *run) / "ckpt.pt") for run in runs]
+    need = sum(max(0, size[run[:2]] - (p.stat().st_size if p.exists() else 0)) for run, p in zip(runs, have))
+    need += jobs * max(size.values()) + len(runs) * METRICS_ROW_BYTES * (args.max_iters // args.eval_interval + 1)
+    if need > free:
+        raise UsageError(f"--out_dir {args.out_dir}: {len(runs)} run(s) need {need / 2**20:,.1f} MiB of disk (their "
+                         f"checkpoints, a copy while one is replaced, metrics) but {free / 2**20:,.1f} MiB are free; "
+                         "free space or choose another --out_dir")
+
+
+def lock_runs(stack, folders):
+    """Hold each run folder until stack closes: an exclusive flock on <folder>/.lock, naming its holder, which the
+    kernel drops with the process (no stale lock after a kill -9). UsageError for a folder another process holds."""
+    for folder in folders:
+        folder.mkdir(parents=True, exist_ok=True)
+        lock = stack.enter_context(open(folder / ".lock", "a+"))
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.seek(0)
+            raise UsageError(f"{folder} is being trained by {lock.read().strip() or 'another process'}; wait for it "
+                             "to finish, stop it, or choose another --out_dir") from None
+        lock.truncate(0)
+        print(f"process {os.getpid()} on {socket.gethostname()}", file=lock, flush=True)
+
+
 def main(argv=None):
-    """Train the requested runs (or print their --dry_run summaries); returns 0.
-    Raises UsageError / ConfigError for bad input, Diverged for a NaN loss."""
+    """Train the requested runs (or print their --dry_run summaries); returns 0. Raises UsageError / ConfigError
+    for bad input, Diverged for a NaN loss, WriteError for a failed write, Interrupted after a signal."""
     args = get_args(argv)
-    models = models_of(args)
     if args.sample:
         return sample_runs(args)
+    models = models_of(args)
     configs = [model_config(args, v, d) for v, d in models]  # ConfigError before anything is written
     world = args.world_size or int(os.environ.get("WORLD_SIZE", 1))
     if args.batch_size % (world * args.grad_accum):
@@ -949,13 +919,11 @@ def main(argv=None):
                          f"--grad_accum {args.grad_accum}; pick a multiple")
     if args.dry_run:
         return dry_run(args, models, configs, world)
-    runs = runs_of(args)
-    if not (args.resume or args.overwrite):  # a forgotten --resume must not discard days of training
-        for run in runs:
-            folder = run_dir(args.out_dir, *run)
-            if (folder / "ckpt.pt").exists():
-                raise UsageError(f"{folder} already holds a trained run; "
-                                 "pass --resume to continue it, --overwrite to start over, or another --out_dir")
+    folders = [run_dir(args.out_dir, *run) for run in runs_of(args)]
+    trained = [folder for folder in folders if (folder / "ckpt.pt").exists()]
+    if trained and not (args.resume or args.overwrite):  # a forgotten --resume must not discard days of training
+        raise UsageError(f"{trained[0]} already holds a trained run; "
+                         "pass --resume to continue it, --overwrite to start over, or another --out_dir")
     ctx = setup_context(args)
     jobs = jobs_of(args, ctx)
     check_memory(args, configs, ctx, jobs)
@@ -963,17 +931,15 @@ def main(argv=None):
     block_size = configs[0].block_size  # one for every run: the preset's or --block_size
     data, passes = load_data(args, ctx, block_size, min(c.vocab_size for c in configs))
     check_out_dir(args.out_dir)
-    where = f"{jobs} processes of {ctx.threads // jobs} thread(s)" if jobs > 1 else f"{ctx.world_size} process(es)"
-    log(f"data: {data.source}, {data.n_tokens['train']:,} train / {data.n_tokens['val']:,} val tokens, "
-        f"sha256 {data.fingerprint}; {where} on {ctx.device}, {args.dtype or ctx.dtype}")
-    log(f"training: {passes}, windows of {block_size} tokens drawn without replacement")
-
-    seeds = list(range(args.seed, args.seed + args.seeds))
-    if jobs == 1:
-        results = train_seeds(args, seeds, data, ctx, log)
-    else:
-        results = train_seeds_in_processes(args, seeds, dataclasses.replace(ctx, threads=ctx.threads // jobs, bars=False),
-                                           jobs)
+    with ExitStack() as locks, stop_on_signals():  # rank 0 holds the run folders (for any --jobs workers too)
+        on_master(ctx, lambda: (check_disk(args, configs, jobs), lock_runs(locks, folders)))
+        where = f"{jobs} processes of {ctx.threads // jobs} thread(s)" if jobs > 1 else f"{ctx.world_size} process(es)"
+        log(f"data: {data.source}, {data.n_tokens['train']:,} train / {data.n_tokens['val']:,} val tokens, "
+            f"sha256 {data.fingerprint}; {where} on {ctx.device}, {args.dtype or ctx.dtype}")
+        log(f"training: {passes}, windows of {block_size} tokens drawn without replacement")
+        seeds = list(range(args.seed, args.seed + args.seeds))
+        results = train_seeds(args, seeds, data, ctx, log) if jobs == 1 else train_seeds_in_processes(
+            args, seeds, dataclasses.replace(ctx, threads=ctx.threads // jobs, bars=False), jobs)
     for folder, last in results.items():
         if last:
             log(f"{folder}: final val loss {last['val_loss']:.4f} after {last['tokens']:,} tokens")
@@ -982,20 +948,21 @@ def main(argv=None):
 
 
 def dry_run(args, models, configs, world):
-    """--dry_run: a JSON line per run: its shapes, and for `world` processes the measured peak bytes of a training
-    step (train_peak) and of an evaluation at its micro-batch; with --device_memory, the largest micro-batch whose
-    peaks fit such a device less MEMORY_MARGIN, and its --grad_accum. Plans bf16 autocast on GPUs unless --device
-    cpu or --dtype says otherwise."""
+    """--dry_run: a JSON line per run: its shapes (n_kv_head: KV or latent heads a decode step reads), for `world`
+    processes the peak bytes of a training step (train_peak) and an evaluation; with --device_memory, the largest
+    micro-batch that fits less MEMORY_MARGIN and its --grad_accum. Plans bf16 unless --device cpu or --dtype."""
     per_process = args.batch_size // world
-    micro, dtype = per_process // args.grad_accum, getattr(torch, args.dtype or (
-        "float32" if args.device == "cpu" else "bfloat16"))
-    for (v, d), config in zip(models, configs):
-        line = dict(run=run_name(v, d), **summary(config, v, d, args.preset), world_size=world, micro_batch=micro,
-                    dtype=str(dtype).removeprefix("torch."), peak_train_bytes=train_peak(config, micro, per_process, dtype,
-                                                                           world > 1),
-                    peak_eval_bytes=peak_bytes(config, micro, dtype, train=False))
+    micro = per_process // args.grad_accum
+    dtype = getattr(torch, args.dtype or ("float32" if args.device == "cpu" else "bfloat16"))
+    for (v, d), c in zip(models, configs):
+        line = dict(run=run_name(v, d), attn=v, double_heads=d, preset=args.preset, n_params=n_params(c),
+                    ffn_hidden=c.ffn_hidden, n_head=c.n_head, n_kv_head=c.n_groups,
+                    kv_cache_elems_per_token_per_layer=c.kv_cache_elems_per_token_per_layer, world_size=world,
+                    micro_batch=micro, dtype=str(dtype).removeprefix("torch."),
+                    peak_train_bytes=train_peak(c, micro, per_process, dtype, world > 1),
+                    peak_eval_bytes=peak_bytes(c, micro, dtype, train=False))
         if args.device_memory:
-            fit = largest_micro_batch(config, per_process, dtype, world > 1,
+            fit = largest_micro_batch(c, per_process, dtype, world > 1,
                                       (1 - MEMORY_MARGIN) * args.device_memory * 2**30)
             line.update(device_memory_gib=args.device_memory, max_micro_batch=fit,
                         grad_accum=per_process // fit if fit else None)
@@ -1003,23 +970,31 @@ def dry_run(args, models, configs, world):
     return 0
 
 
-def load_data(args, ctx, block_size, vocab_size):
-    """This process's TokenData and the check_passes line. Rank 0 alone loads, scans (TokenData.check) and
-    fingerprints the data; the others take its verdict, so a bad input stops every rank alike (UsageError), and
-    then map the same files without reading them."""
-    verdict = [None, None, None]  # error, fingerprint, passes
+def on_master(ctx, check):
+    """check() on rank 0 alone, its result given to every rank; its UsageError too, so a refusal stops all alike."""
+    verdict = [None, None]  # error, result
     if ctx.master:
         try:
-            data = TokenData.load(args.data, args.out_dir)
-            data.check(block_size, vocab_size)
-            verdict = [None, data.fingerprint, check_passes(args, data, block_size, ctx.world_size)]
+            verdict[1] = check()
         except UsageError as e:
             verdict[0] = str(e)
     if ctx.world_size > 1:
         dist.broadcast_object_list(verdict, src=0)
     if verdict[0]:
         raise UsageError(verdict[0])
-    return data if ctx.master else TokenData.load(args.data, args.out_dir, verdict[1]), verdict[2]
+    return verdict[1]
+
+
+def load_data(args, ctx, block_size, vocab_size):
+    """This process's TokenData and the check_passes line: rank 0 loads, scans and fingerprints the data (on_master);
+    the others map the files with its fingerprint."""
+    loaded = []
+    def check():
+        loaded.append(TokenData.load(args.data, args.out_dir))
+        loaded[0].check(block_size, vocab_size)
+        return loaded[0].fingerprint, check_passes(args, loaded[0], block_size, ctx.world_size)
+    fingerprint, passes = on_master(ctx, check)
+    return loaded[0] if ctx.master else TokenData.load(args.data, args.out_dir, fingerprint), passes
 
 
 def human(n):
@@ -1031,19 +1006,18 @@ def human(n):
 
 
 def check_passes(args, data, block_size, world_size=1):
-    """'98.3B tokens per run = 0.98 passes over 99.6B': what each run reads of the training
-    split (--data_order sequential: the process with the fewest windows of its own shards
-    sets the passes). The paper's runs read FineWeb-Edu 100BT once; under --preset paper a
-    run that would read its data again is refused (UsageError) unless --allow_repeats."""
+    """'98.3B tokens per run = 0.98 passes over 99.6B' of the training split (--data_order sequential: the process
+    with the fewest windows sets the passes). The paper reads FineWeb-Edu 100BT once: under --preset paper, a run
+    that would read its data again is refused (UsageError) unless --allow_repeats."""
     tokens = args.max_iters * args.batch_size * block_size
     counts = data.windows("train", block_size)
     pass_tokens = int(counts.sum()) * block_size
     passes = tokens / pass_tokens
     if args.data_order == "sequential":
         if len(counts) < world_size or min(counts[r::world_size].sum() for r in range(world_size)) == 0:
-            raise UsageError(f"--data_order sequential gives each of the {world_size} processes shards of its own, "
-                             f"but {data.source} has {len(counts)} training file(s) with windows of {block_size + 1} "
-                             "tokens for fewer processes; use more shards or --data_order permuted")
+            raise UsageError(f"--data_order sequential: {data.source} has {len(counts)} training file(s), too few with "
+                             f"windows of {block_size + 1} tokens to give each of {world_size} processes its own; "
+                             "use more shards or --data_order permuted")
         passes = max(tokens / world_size / (counts[r::world_size].sum() * block_size) for r in range(world_size))
     if args.preset == "paper" and passes > 1 and not args.allow_repeats:
         raise UsageError(f"--preset paper reads its training data once, as the paper does, but {human(tokens)} "
@@ -1055,19 +1029,15 @@ def check_passes(args, data, block_size, world_size=1):
 # ----------------------------------------------------------------------------
 # Memory, measured before anything is built
 
-# Kept free of the device's memory for what fake tensors cannot see: the CUDA caching allocator's
-# fragmentation, cuBLAS / NCCL workspaces, torch.compile's own buffers.
+# Kept free for what fake tensors cannot see: allocator fragmentation, cuBLAS / NCCL / torch.compile workspaces.
 MEMORY_MARGIN = 0.10
 
 
 def peak_bytes(config, micro_batch, dtype, train=True, grads_held=False):
-    """Peak bytes one process holds for one training micro-batch of micro_batch sequences (forward, backward, gradient
-    clipping and a fused AdamW step whose state already exists: weights, gradients, state, activations and
-    temporaries) or, train=False, for one evaluation forward; dtype: the autocast dtype (torch.float32: none).
-    grads_held: the micro-batch starts with the step's gradients already allocated, as every micro-batch after the
-    first under --grad_accum does (and every one under DDP, whose gradients live in its buckets). Measured by
-    PyTorch's MemTracker on fake tensors: every op sees real shapes and dtypes, nothing is allocated or computed, so
-    a CPU measures what a GPU will hold (eager mode)."""
+    """Peak bytes of one process's training micro-batch of micro_batch sequences (forward, backward, clipping, fused
+    AdamW with its state) or, train=False, evaluation forward; dtype: autocast's (float32: none). grads_held: the
+    step's gradients exist already (later micro-batches of --grad_accum; all under DDP). Measured by MemTracker on
+    fake tensors (real shapes, nothing allocated): a CPU measures a GPU's eager peak."""
     if config.n_layer <= 2:
         return _tracked_peak(tuple(dataclasses.asdict(config).items()), micro_batch, dtype, train, grads_held)
     # Every layer adds the same bytes, and the tracker slows down with depth: measure 1 and 2 layers.
@@ -1081,7 +1051,6 @@ def _tracked_peak(fields, micro_batch, dtype, train, grads_held):
     # Imported here: the tracker pulls in torch._inductor, about 2 s at the start of every process that imports us.
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.mem_tracker import MemTracker
-
     config = gla.GPTConfig(**dict(fields))
     with FakeTensorMode(), warnings.catch_warnings():
         warnings.filterwarnings("ignore", "Mismatch dtype between input and weight")  # RMSNorm under bf16 autocast
@@ -1107,17 +1076,14 @@ def _tracked_peak(fields, micro_batch, dtype, train, grads_held):
 
 
 def train_peak(config, micro_batch, per_process, dtype, ddp):
-    """peak_bytes of the largest micro-batch of a step of per_process sequences: once they are split into several
-    micro-batches (--grad_accum), one that starts with the step's gradients held, and under DDP every one
-    (gradient_as_bucket_view: the gradients are views into DDP's buckets, which live as long as the model, and no
-    second copy is kept)."""
+    """peak_bytes of a step's largest micro-batch: with the gradients held if a step of per_process sequences is split
+    (--grad_accum), and always under DDP (gradient_as_bucket_view: they live in its buckets)."""
     return peak_bytes(config, micro_batch, dtype, grads_held=ddp or micro_batch < per_process)
 
 
 def largest_micro_batch(config, per_process, dtype, ddp, budget):
-    """The largest micro-batch, a divisor of per_process sequences, whose training step and evaluation both peak
-    within budget bytes (0 if none). Peaks grow linearly with the micro-batch: measured at 1 and 2 sequences, the
-    line gives the candidate, which is then measured itself (and the next divisor down, while it does not fit)."""
+    """The largest micro-batch dividing per_process whose step and evaluation peak within budget bytes (0: none);
+    peaks grow linearly: the line through 1 and 2 sequences gives the first candidate."""
     one, two = (train_peak(config, m, per_process, dtype, ddp) for m in (1, 2))
     guess = 1 + (budget - one) // max(two - one, 1)
     for m in (d for d in range(per_process, 0, -1) if per_process % d == 0 and d <= max(guess, 1)):
@@ -1138,11 +1104,10 @@ def device_memory(device):
 
 
 def check_memory(args, configs, ctx, jobs):
-    """UsageError (one line) when the largest run's measured training peak, times the processes that share the
-    device (on a CPU: the --jobs workers, or the torchrun processes of this host), exceeds its free memory less
-    MEMORY_MARGIN: before any model is built, so a run that cannot fit fails at once, not hours in."""
-    per_process = args.batch_size // ctx.world_size
-    micro, ddp = per_process // args.grad_accum, ctx.world_size > 1
+    """UsageError (one line) if the largest run's training peak, times the processes sharing the device (CPU: --jobs
+    workers x this host's torchrun processes), exceeds its free memory less MEMORY_MARGIN: before any model is built."""
+    per_process, ddp = args.batch_size // ctx.world_size, ctx.world_size > 1
+    micro = per_process // args.grad_accum
     sharing = jobs * int(os.environ.get("LOCAL_WORLD_SIZE", 1)) if ctx.device.type == "cpu" else 1
     worst = max(configs, key=lambda c: train_peak(c, micro, per_process, ctx.dtype, ddp))
     need, have = sharing * train_peak(worst, micro, per_process, ctx.dtype, ddp), device_memory(ctx.device)
@@ -1152,14 +1117,13 @@ def check_memory(args, configs, ctx, jobs):
         advice = (f"--grad_accum {per_process // fit} ({fit} sequences per micro-batch) would fit" if fit else
                   "not even one sequence per micro-batch fits: use GPUs with more memory or a smaller model")
         raise UsageError(f"this run needs {need / 2**30:.1f} GiB on {ctx.device} (measured: {sharing} process(es), "
-                         f"a training step of {micro} sequences) but {have / 2**30:.1f} GiB are free, "
-                         f"{100 * MEMORY_MARGIN:.0f}% of it kept in reserve; {advice} (or fewer --jobs; "
-                         "--dry_run --device_memory GIB plans without training)")
+                         f"a step of {micro} sequences) but {have / 2**30:.1f} GiB are free, {MEMORY_MARGIN:.0%} "
+                         f"kept in reserve; {advice} (or fewer --jobs; --dry_run --device_memory GIB plans)")
 
 
 def jobs_of(args, ctx):
-    """Processes that train seeds side by side, ctx.threads // jobs threads each: --jobs, else as many as seeds and
-    threads allow on CPU; 1 on GPUs and under torchrun. Raises UsageError for more than that."""
+    """Processes training seeds side by side: --jobs, else as many as seeds and threads allow on CPU; 1 on GPUs and
+    under torchrun. UsageError for more."""
     most = ctx.threads if ctx.device.type == "cpu" and ctx.world_size == 1 else 1
     if min(args.jobs or most, args.seeds) > most:
         raise UsageError(f"--jobs {args.jobs}: this run trains at most {most} seed(s) at once (one per CPU thread, "
@@ -1171,50 +1135,62 @@ def train_seeds(args, seeds, data, ctx, log):
     """Train every requested model for each seed in turn; {run folder: last evaluation}."""
     runs = [(v, d, s) for v, d, s in runs_of(args) if s in seeds]
     results = {}
-    for variant, double_heads, seed in tqdm(runs, desc="ablation",
-                                            disable=None if ctx.master and ctx.bars and len(runs) > 1 else True):
+    for v, d, seed in tqdm(runs, desc="ablation", disable=None if ctx.master and ctx.bars and len(runs) > 1 else True):
         run_args = argparse.Namespace(**{**vars(args), "seed": seed})  # the run's own seed, everything else shared
-        results[run_dir(args.out_dir, variant, double_heads, seed)] = train_run(run_args, variant, double_heads, data,
-                                                                                 ctx, log)
+        results[run_dir(args.out_dir, v, d, seed)] = train_run(run_args, v, d, data, ctx, log)
     return results
 
 
 def train_seeds_in_processes(args, seeds, ctx, jobs):
-    """Train the seeds side by side in `jobs` spawned processes of ctx.threads threads
-    each; {run folder: last evaluation}. Tiny models use few cores well: one process per
-    seed trains more tokens per second than one process using all the cores.
-
-    The workers never outlive the ablation: a worker's error (raised here), Ctrl-C or a
-    SIGTERM to this process terminates the others (Pool.__exit__); each run's last
-    checkpoint is whole (atomic writes), so --resume continues from it."""
-    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))  # `kill` -> with-exit
+    """Train the seeds side by side in `jobs` spawned processes of ctx.threads threads (tiny models use few cores well);
+    {run folder: last evaluation}. Workers ignore SIGINT (Ctrl-C reaches the process group) and read our STOP: each
+    checkpoints and returns Interrupted (raised here); a second signal or a worker's error terminates them all."""
+    global STOP
+    spawn = multiprocessing.get_context("spawn")
+    STOP = spawn.RawValue("i", STOP.value)
+    default = signal.signal(signal.SIGINT, signal.SIG_IGN)  # inherited through exec: from the workers' first line
     try:
-        with multiprocessing.get_context("spawn").Pool(jobs) as pool:
-            parts = pool.starmap(train_seed_process, [(args, seed, ctx) for seed in seeds], chunksize=1)
+        pool = spawn.Pool(jobs, initializer=share_stop, initargs=(STOP,))
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, default)
+    with pool:
+        parts = pool.starmap(train_seed_process, [(args, seed, ctx) for seed in seeds], chunksize=1)
+    if any(isinstance(part, Interrupted) for part in parts):
+        raise Interrupted(", ".join(str(part) for part in parts if isinstance(part, Interrupted)))
     return {folder: last for part in parts for folder, last in part.items()}
+
+
+def share_stop(stop):
+    """--jobs worker initializer: the parent's STOP."""
+    global STOP
+    STOP = stop
 
 
 def train_seed_process(args, seed, ctx):
     """One --jobs worker: the runs of one seed, on ctx.threads threads."""
-    # tqdm would create a multiprocessing lock (a named semaphore) here, which the
-    # shared resource tracker then reports as "leaked" at exit; a thread lock suffices.
-    tqdm.set_lock(threading.RLock())
+    tqdm.set_lock(threading.RLock())  # not tqdm's named semaphore, which the resource tracker reports as leaked
     torch.set_num_threads(ctx.threads)
     data = TokenData.load(args.data, args.out_dir)  # the checked data, read again (corpus: from its cache)
-    return train_seeds(args, [seed], data, ctx, lambda msg: print(msg, flush=True))
+    try:
+        return train_seeds(args, [seed], data, ctx, lambda msg: print(msg, flush=True))
+    except Interrupted as e:  # returned: raised, Pool would end the other workers before they checkpoint
+        return e
 
 
 def cli(argv=None):
-    """main() with bad input reported as one line on stderr (under torchrun, by every
-    rank, with its rank): exit status 2 for usage and data errors, 1 for a diverged run."""
+    """main(), errors as one line on stderr (each torchrun rank with its rank): exit status 2 for usage and data, 1
+    for a diverged run or failed write, 128 + signal after a stop (KeyboardInterrupt: before training, or twice)."""
+    STOP.value = 0
+    rank = f"rank {os.environ['RANK']}: " if int(os.environ.get("WORLD_SIZE", 1)) > 1 else ""
     try:
         return main(argv)
-    except (UsageError, gla.ConfigError, Diverged) as e:
-        rank = f"rank {os.environ['RANK']}: " if int(os.environ.get("WORLD_SIZE", 1)) > 1 else ""
+    except (UsageError, gla.ConfigError, Diverged, WriteError) as e:
         print(f"train.py: error: {rank}{e}", file=sys.stderr)
-        return 1 if isinstance(e, Diverged) else 2
+        return 2 if isinstance(e, (UsageError, gla.ConfigError)) else 1
+    except (Interrupted, KeyboardInterrupt) as e:
+        stop = e if isinstance(e, Interrupted) else "stopped at once" if STOP.value else "interrupted"
+        print(f"train.py: {rank}{stop}" + (": --resume continues" if STOP.value else ""), file=sys.stderr)
+        return 128 + (STOP.value or signal.SIGINT)
 
 
 if __name__ == "__main__":

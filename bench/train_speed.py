@@ -48,7 +48,7 @@ def main(argv=None):
     print(f"{'model':<20}{'batch':>9}{'ours tok/s':>12}" + (f"{'HF tok/s':>10}{'ours / HF':>11}" * ("hf" in contenders)))
     shape = {k: getattr(args, k) for k in ("n_layer", "n_embd", "head_dim", "n_head", "n_kv_head", "vocab_size")
              if getattr(args, k)}
-    for variant in train.VARIANTS:
+    for variant in gla.VARIANTS:
         for double_heads in (False, True):
             for batch, T in SHAPES:
                 try:

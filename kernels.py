@@ -313,7 +313,8 @@ def modelled_seconds(nbytes, flops, mma, programs, ctas_per_sm, kv_bytes_in_flig
 
 def _num_stages(BLOCK_M, BLOCK_DK, BLOCK_DV, has_qv, tile_smem, ctas_per_sm, elem_bytes):
     """The most stages, 3 (the least we launch) to MAX_STAGES, whose shared memory fits ctas_per_sm CTAs on an SM: q
-    (and qv) tiles and num_stages - 1 K/V buffers (one more from 64 rows, where wgmma reads one), as sm_90 builds show."""
+    (and qv) tiles and num_stages - 1 K/V buffers (one more from 64 rows, where wgmma reads one), as sm_90 builds
+    show."""
     fixed = BLOCK_M * (BLOCK_DK + (BLOCK_DV if has_qv else 0)) * elem_bytes + SMEM_SCRATCH
     budget = SM90_SMEM_PER_SM // ctas_per_sm - SM90_SMEM_RESERVED_PER_CTA
     extra = 1 if BLOCK_M >= WGMMA_MIN_BLOCK_M else 0
@@ -446,7 +447,8 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, qv=None, softmax_scale=
         raise ValueError(f"out must be {q.dtype} of shape {(B, Lq, Hq, Dv)} on {q.device} with unit last stride; "
                          f"got {out.dtype} {tuple(out.shape)} on {out.device}")
     # The pointer arithmetic assumes unit stride along features (and along cache_seqlens).
-    q, k_cache, v_cache, qv = (t if t is None or t.stride(-1) == 1 else t.contiguous() for t in (q, k_cache, v_cache, qv))
+    q, k_cache, v_cache, qv = (t if t is None or t.stride(-1) == 1 else t.contiguous()
+                               for t in (q, k_cache, v_cache, qv))
     scale = _default_scale(Dk, Dv, qv) if softmax_scale is None else softmax_scale
     num_sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else DEFAULT_NUM_SMS
     _, grid, args, kwargs, o_part, lse_part = _split_launch(q, k_cache, v_cache, cache_seqlens.contiguous(), qv,

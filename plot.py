@@ -42,7 +42,8 @@ from train import atomic_write
 # run name of the baseline: (legend label, colour, (line width, marker size)), the reference figure's colours.
 # Widths and sizes shrink in VARIANTS' order and later variants draw on top, so curves that coincide nest (a wide
 # teal line around a narrower blue one, rings of markers) and every variant stays visible.
-STYLE = {"gqa": ("GQA", "teal", (3.4, 10)), "mla": ("MLA", "royalblue", (2.0, 6.5)), "gla2": ("GLA-2", "gray", (1.0, 3.5))}
+STYLE = {"gqa": ("GQA", "teal", (3.4, 10)), "mla": ("MLA", "royalblue", (2.0, 6.5)),
+         "gla2": ("GLA-2", "gray", (1.0, 3.5))}
 DOUBLE_SUFFIX = "_double_heads"
 SEED_PREFIX = "seed"
 CSV_COLUMNS = ["variant", "tokens", "n_seeds", "val_loss_baseline", "val_loss_double_heads",

@@ -1231,7 +1231,8 @@ def _write_all(out, runs=RUNS, **kw):
 def _read_csv(path):
     """(variant, tokens, val_loss_baseline, val_loss_double_heads, dL) of a one-seed CSV."""
     header = path.read_text().splitlines()[0]
-    assert header == ("variant,tokens,n_seeds,val_loss_baseline,val_loss_double_heads,dL_mean,dL_low,dL_high,dL_seed1337")
+    assert header == ("variant,tokens,n_seeds,val_loss_baseline,val_loss_double_heads,dL_mean,dL_low,dL_high,"
+                      "dL_seed1337")
     rows = list(csv_rows(path))
     for r in rows:  # one seed: no band, and the mean is that seed's dL
         assert r["n_seeds"] == "1" and r["dL_low"] == r["dL_high"] == r["dL_mean"] == r["dL_seed1337"]
@@ -2185,7 +2186,8 @@ def test_counts_print_in_three_digits_across_unit_boundaries():
 
 
 def test_seed_range_both_ends():
-    for argv in (["--seed", "0"], ["--seed", str(2**32 - 1), "--seeds", "1"], ["--seed", str(2**32 - 2), "--seeds", "2"]):
+    for argv in (["--seed", "0"], ["--seed", str(2**32 - 1), "--seeds", "1"],
+                 ["--seed", str(2**32 - 2), "--seeds", "2"]):
         train.get_args(argv)  # accepted: every seed of the run is in [0, 2**32)
 
 

@@ -1,5 +1,6 @@
 """What the benchmarks share: the HF transformers model a user would pick instead, the machine's name,
-interleaved timing, and the GLA paper's per-device decode shapes (BENCH_SHAPES) with their inputs. transformers is a measuring stick here, not a dependency of the project."""
+interleaved timing, and the GLA paper's per-device decode shapes (BENCH_SHAPES) with their inputs. transformers
+is a measuring stick here, not a dependency of the project."""
 import platform
 import time
 

@@ -18,7 +18,8 @@ from bench.common import BENCH_BATCHES, BENCH_LQ, BENCH_SEQLENS, BENCH_SHAPES, b
 
 # Every plan the bench runs, and Lq = kernels.MAX_LQ at 4096 tokens.
 CHECK_CONFIGS = ([(name, B, Lq, S) for name in BENCH_SHAPES for B in BENCH_BATCHES for S in BENCH_SEQLENS
-                  for Lq in BENCH_LQ] + [(name, B, kernels.MAX_LQ, 4096) for name in BENCH_SHAPES for B in BENCH_BATCHES])
+                  for Lq in BENCH_LQ]
+                 + [(name, B, kernels.MAX_LQ, 4096) for name in BENCH_SHAPES for B in BENCH_BATCHES])
 # Per sequence, max |kernel - reference| / max |reference| in bf16. Emulating the kernel's roundings (bf16
 # probabilities into P.V, bf16 partials with float32 log-sum-exps, bf16 output) on the bench shapes at 4096 tokens
 # gave 0.24-0.42%; dropping one 16-token tile of a 4096-token sequence gave 3.2-8.7%. CHECK_TOL sits between.

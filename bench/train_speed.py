@@ -45,7 +45,8 @@ def main(argv=None):
         contenders = ("ours",)
     print(f"training throughput on {machine(device)}, {ctx.dtype}"
           + ("" if "hf" in contenders else "; pip install transformers to compare with HF"))
-    print(f"{'model':<20}{'batch':>9}{'ours tok/s':>12}" + (f"{'HF tok/s':>10}{'ours / HF':>11}" * ("hf" in contenders)))
+    print(f"{'model':<20}{'batch':>9}{'ours tok/s':>12}"
+          + (f"{'HF tok/s':>10}{'ours / HF':>11}" * ("hf" in contenders)))
     shape = {k: getattr(args, k) for k in ("n_layer", "n_embd", "head_dim", "n_head", "n_kv_head", "vocab_size")
              if getattr(args, k)}
     for variant in gla.VARIANTS:

@@ -107,7 +107,6 @@ def get_args(argv=None):
     p.add_argument("--learning_rate", type=float, help="peak learning rate")
     p.add_argument("--warmup_iters", type=int, help="linear warmup steps")
     p.add_argument("--weight_decay", type=float, default=0.1)
-    p.add_argument("--decay", default="all", choices=["all", "matrices"], help="all (MLRA release) or >= 2-D (nanoGPT)")
     p.add_argument("--init", default="coupled", choices=["coupled", "independent"],
                    help="coupled: a seed's two arms share the draws of what they have in common (gla.GPT.couple_init)")
     p.add_argument("--grad_clip", type=float, default=1.0)
@@ -125,8 +124,6 @@ def get_args(argv=None):
     p.add_argument("--allow_repeats", action="store_true", help="--preset paper: allow reading the data again")
     p.add_argument("--resume", action="store_true", help="continue each run from its checkpoint")
     p.add_argument("--overwrite", action="store_true", help="start runs over even if they have a checkpoint")
-    p.add_argument("--data_order", default="permuted", choices=["permuted", "sequential"],
-                   help="permuted: no window twice per pass; sequential: each process its shards (MLRA release)")
     p.add_argument("--dry_run", action="store_true", help="print each run's shapes and peak memory as JSON, exit")
     p.add_argument("--world_size", type=int, help="--dry_run: plan for this many processes (default: WORLD_SIZE)")
     p.add_argument("--device_memory", type=float, metavar="GIB", help="--dry_run: max micro-batch for GIB GiB")
@@ -244,21 +241,14 @@ def stdlib_corpus():
 def read_shard(path):
     """Tokens of one llm.c shard (uint16, memory-mapped) after checking its header. Raises UsageError."""
     header, size = np.fromfile(path, dtype=np.int32, count=SHARD_HEADER_INTS), os.path.getsize(path)
-    hint, offset = "regenerate it with llm.c's dev/data/fineweb.py", SHARD_HEADER_INTS * 4
-    if len(header) < 1 or header[0] != SHARD_MAGIC:
-        raise UsageError(f"{path}: not an llm.c token shard (magic {header[0] if len(header) else None}, "
-                         f"expected {SHARD_MAGIC}); {hint}")
-    if len(header) < SHARD_HEADER_INTS:
-        raise UsageError(f"{path}: {size} bytes, shorter than the {offset}-byte header of an llm.c shard; "
-                         f"the file is truncated, {hint}")
-    if header[1] != SHARD_VERSION:
-        raise UsageError(f"{path}: shard version {header[1]}, expected {SHARD_VERSION}")
+    offset, fix = SHARD_HEADER_INTS * 4, "regenerate it with llm.c's dev/data/fineweb.py"
+    if len(header) < SHARD_HEADER_INTS or header[0] != SHARD_MAGIC or header[1] != SHARD_VERSION:
+        raise UsageError(f"{path}: not an llm.c token shard (a {offset}-byte header opening {SHARD_MAGIC}, "
+                         f"{SHARD_VERSION}; found {header[:2].tolist()} in {size} bytes); {fix}")
     n_tokens = int(header[2])
-    if n_tokens < 0:
-        raise UsageError(f"{path}: header says {n_tokens} tokens, a negative count; the header is corrupt, {hint}")
-    if size != offset + 2 * n_tokens:
+    if n_tokens < 0 or size != offset + 2 * n_tokens:
         raise UsageError(f"{path}: header says {n_tokens} tokens but the file holds {(size - offset) / 2:g}; "
-                         "the shard is truncated or corrupt")
+                         f"the shard is truncated or corrupt, {fix}")
     return np.memmap(path, dtype=np.uint16, mode="r", offset=offset, shape=(n_tokens,))
 
 
@@ -340,25 +330,19 @@ class TokenData:
         w * block_size, so its last token is the next one's first (as llm.c's loader reads)."""
         return np.array([max(len(a) - 1, 0) // block_size for a in self.splits[split]], dtype=np.int64)
 
-    def batch(self, split, step, batch_size, block_size, seed, rank=0, world_size=1, order="permuted"):
+    def batch(self, split, step, batch_size, block_size, seed, rank=0, world_size=1):
         """Inputs and next-token targets, (batch_size // world_size, block_size) int64 each on CPU: rows [rank B/W,
         (rank+1) B/W) of the global batch. Without replacement, pass by pass: global row j = step * batch_size + row
         is position j mod N of pass j // N over the split's N windows, ordered by a permutation of [0, N) keyed by
         (seed, split, pass) (no table of N entries): each pass reads every window once, as the paper reads each token
         once, in a new order. A pure function of (split, step, seed): all runs draw the same windows at a step, ranks'
-        shares are disjoint, resuming needs no state. order "sequential" (the MLRA release's loader): rank r reads
-        the windows of arrays (shards) r, r + W, ... in order, row i being window i mod N_r (check_passes: N_r > 0)."""
+        shares are disjoint, resuming needs no state."""
         arrays, counts = self.splits[split], self.windows(split, block_size)
-        per = batch_size // world_size
-        if order == "sequential":
-            arrays, counts = arrays[rank::world_size], counts[rank::world_size]
-            window = (step * per + np.arange(per)) % int(counts.sum())
-        else:
-            n = int(counts.sum())
-            passes, k = np.divmod(step * batch_size + np.arange(rank * per, (rank + 1) * per), n)
-            window = np.empty_like(k)
-            for p in np.unique(passes):  # a batch spans several passes only if it outnumbers the windows
-                window[passes == p] = permute(k[passes == p], n, (seed, split == "val", int(p)))
+        n, per = int(counts.sum()), batch_size // world_size
+        passes, k = np.divmod(step * batch_size + np.arange(rank * per, (rank + 1) * per), n)
+        window = np.empty_like(k)
+        for p in np.unique(passes):  # a batch spans several passes only if it outnumbers the windows
+            window[passes == p] = permute(k[passes == p], n, (seed, split == "val", int(p)))
         ends = np.cumsum(counts)
         which = np.searchsorted(ends, window, side="right")
         offsets = (window - (ends - counts)[which]) * block_size
@@ -486,35 +470,28 @@ def lr_at(step, args):
 
 
 def make_optimizer(model, args):
-    """AdamW, betas (0.9, 0.95), eps 1e-8, as the MLRA release trains (Liu et al. 2026); weight decay on every
-    parameter as it does (--decay all) or nanoGPT's >= 2-D weights only (matrices). Fused where PyTorch has it."""
+    """AdamW, betas (0.9, 0.95), eps 1e-8, weight decay on every parameter (RMSNorm gains too, where nanoGPT decays
+    matrices only), as the MLRA release trains (Liu et al. 2026). Fused where PyTorch has it."""
     params = [p for p in model.parameters() if p.requires_grad]
-    groups = [{"params": [p for p in params if args.decay == "all" or p.dim() >= 2], "weight_decay": args.weight_decay}]
-    if args.decay == "matrices":
-        groups.append({"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0})
     fused = all(p.device.type in ("cpu", "cuda") for p in params)
-    return torch.optim.AdamW(groups, lr=args.learning_rate, betas=(0.9, 0.95), fused=fused)
+    return torch.optim.AdamW(params, lr=args.learning_rate, betas=(0.9, 0.95), weight_decay=args.weight_decay,
+                             fused=fused)
 
 
 def run_spec(args, config, data, dtype):
     """What a run is: resuming under any other spec is refused. The data by its content: a moved folder resumes."""
     train = {k: getattr(args, k) for k in ("preset", "max_iters", "batch_size", "grad_accum", "learning_rate",
-                                           "warmup_iters", "weight_decay", "decay", "grad_clip", "eval_interval",
-                                           "eval_iters", "seed", "data_order", "init")}
+                                           "warmup_iters", "weight_decay", "grad_clip", "eval_interval",
+                                           "eval_iters", "seed", "init")}
     train["dtype"] = str(dtype).removeprefix("torch.")
     return {"model": dataclasses.asdict(config), "train": train, "data": {"fingerprint": data.fingerprint}}
 
 
-def spec_differences(saved, current, prefix=""):
-    """Every differing key of two nested dicts, as 'key: saved -> current'."""
-    diffs = []
-    for key in sorted(set(saved) | set(current)):
-        a, b = saved.get(key), current.get(key)
-        if isinstance(a, dict) and isinstance(b, dict):
-            diffs += spec_differences(a, b, f"{prefix}{key}.")
-        elif a != b:
-            diffs.append(f"{prefix}{key}: {a!r} -> {b!r}")
-    return diffs
+def spec_differences(saved, current):
+    """Each key of the spec current that saved gives another value, as 'part.key: saved -> current'. A key only saved
+    names a setting train.py no longer has, at the one value it still trains with: not a difference."""
+    return [f"{part}.{key}: {saved.get(part, {}).get(key)!r} -> {value!r}" for part, values in current.items()
+            for key, value in values.items() if saved.get(part, {}).get(key) != value]
 
 
 def load_checkpoint(path, spec):
@@ -673,8 +650,7 @@ def train_run(args, variant, double_heads, data, ctx, log):
             lr = lr_at(step, args)
             for group in optimizer.param_groups:
                 group["lr"] = lr
-            x, y = data.batch("train", step, args.batch_size, config.block_size, args.seed, ctx.rank, ctx.world_size,
-                              args.data_order)
+            x, y = data.batch("train", step, args.batch_size, config.block_size, args.seed, ctx.rank, ctx.world_size)
             step_loss = train_step(train_model, x, y, args, ctx)
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip).item()
             if not math.isfinite(step_loss) or not math.isfinite(grad_norm):
@@ -992,7 +968,7 @@ def load_data(args, ctx, block_size, vocab_size):
     def check():
         loaded.append(TokenData.load(args.data, args.out_dir))
         loaded[0].check(block_size, vocab_size)
-        return loaded[0].fingerprint, check_passes(args, loaded[0], block_size, ctx.world_size)
+        return loaded[0].fingerprint, check_passes(args, loaded[0], block_size)
     fingerprint, passes = on_master(ctx, check)
     return loaded[0] if ctx.master else TokenData.load(args.data, args.out_dir, fingerprint), passes
 
@@ -1005,20 +981,12 @@ def human(n):
     return str(n)
 
 
-def check_passes(args, data, block_size, world_size=1):
-    """'98.3B tokens per run = 0.98 passes over 99.6B' of the training split (--data_order sequential: the process
-    with the fewest windows sets the passes). The paper reads FineWeb-Edu 100BT once: under --preset paper, a run
+def check_passes(args, data, block_size):
+    """'98.3B tokens per run = 0.98 passes over 99.6B' of the training split. The paper reads FineWeb-Edu 100BT once: under --preset paper, a run
     that would read its data again is refused (UsageError) unless --allow_repeats."""
     tokens = args.max_iters * args.batch_size * block_size
-    counts = data.windows("train", block_size)
-    pass_tokens = int(counts.sum()) * block_size
+    pass_tokens = int(data.windows("train", block_size).sum()) * block_size
     passes = tokens / pass_tokens
-    if args.data_order == "sequential":
-        if len(counts) < world_size or min(counts[r::world_size].sum() for r in range(world_size)) == 0:
-            raise UsageError(f"--data_order sequential: {data.source} has {len(counts)} training file(s), too few with "
-                             f"windows of {block_size + 1} tokens to give each of {world_size} processes its own; "
-                             "use more shards or --data_order permuted")
-        passes = max(tokens / world_size / (counts[r::world_size].sum() * block_size) for r in range(world_size))
     if args.preset == "paper" and passes > 1 and not args.allow_repeats:
         raise UsageError(f"--preset paper reads its training data once, as the paper does, but {human(tokens)} "
                          f"tokens per run are {passes:.2f} passes over the {human(pass_tokens)} of {data.source}; "

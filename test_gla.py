@@ -2061,6 +2061,13 @@ def test_lr_schedule_warmup_then_cosine_to_a_tenth():
     assert all(a >= b for a, b in zip(lrs[10:], lrs[11:]))
 
 
+def test_spec_differences_name_changed_keys_and_ignore_removed_settings():
+    saved = {"model": {"n_head": 4}, "train": {"seed": 1, "decay": "all"}}  # "decay": a flag train.py no longer has
+    current = {"model": {"n_head": 8}, "train": {"seed": 1, "init": "coupled"}}
+    assert train.spec_differences(saved, current) == ["model.n_head: 4 -> 8", "train.init: None -> 'coupled'"]
+    assert train.spec_differences(current, current) == []
+
+
 def test_optimizer_and_init_follow_the_spec():
     model = gla.GPT(gla.make_config("tiny", "mla"))
     opt = train.make_optimizer(model, train.get_args([]))

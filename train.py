@@ -982,8 +982,8 @@ def human(n):
 
 
 def check_passes(args, data, block_size):
-    """'98.3B tokens per run = 0.98 passes over 99.6B' of the training split. The paper reads FineWeb-Edu 100BT once: under --preset paper, a run
-    that would read its data again is refused (UsageError) unless --allow_repeats."""
+    """'98.3B tokens per run = 0.98 passes over 99.6B' of the training split. The paper reads FineWeb-Edu 100BT
+    once: under --preset paper, a run that would read its data again is refused (UsageError) unless --allow_repeats."""
     tokens = args.max_iters * args.batch_size * block_size
     pass_tokens = int(data.windows("train", block_size).sum()) * block_size
     passes = tokens / pass_tokens

@@ -38,7 +38,7 @@ import gla
 import kernels
 import plot
 import train
-from bench import common, decode_cpu, gpu_check, roofline, sm90
+from bench import common, decode_cpu, gpu_check, memory, roofline, sm90
 
 REPO = pathlib.Path(__file__).resolve().parent
 
@@ -246,11 +246,11 @@ def test_width_rule_counts_every_attention_weight():
     assert gla.GPTConfig() == gla.make_config("tiny", "gqa")  # the defaults are the tiny GQA model
 
 
-def test_paper_dry_run(capsys, monkeypatch):
+def test_paper_plan(capsys, monkeypatch):
     # The paper-scale configs, not their memory: the 24 peaks of six 2.9B models on fake tensors take 20 s, and
     # test_a_run_that_cannot_fit_in_memory_is_refused_before_building measures one at this scale.
     monkeypatch.setattr(train, "peak_bytes", lambda *args, **kwargs: 0)
-    assert train.cli(["--attn", "all", "--preset", "paper", "--dry_run"]) == 0
+    assert memory.main(["--attn", "all", "--preset", "paper"]) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert len(rows) == 6
     for row in rows:
@@ -697,7 +697,8 @@ def test_decode_bench_prints_machine_and_tables_without_transformers(monkeypatch
         assert match in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("script", ["decode_cpu.py", "gpu_check.py", "kernel_speed.py", "roofline.py", "sm90.py",
+@pytest.mark.parametrize("script", ["decode_cpu.py", "gpu_check.py", "kernel_speed.py", "memory.py", "roofline.py",
+                                    "sm90.py",
                                     "train_cost.py", "train_speed.py"])
 def test_bench_scripts_answer_help_from_anywhere(script):
     r = subprocess.run([sys.executable, str(REPO / "bench" / script), "--help"], cwd="/", capture_output=True,
@@ -2004,7 +2005,7 @@ def test_corrupt_checkpoint_is_a_one_line_error(tmp_path, text_file, capsys):
     assert train.read_metrics(rdir(out, "gqa") / "metrics.jsonl", 100) == []  # odd lines are skipped, not fatal
 
 
-def test_resume_frees_the_loaded_checkpoint_and_strips_wrapper_prefixes(tmp_path, text_file, monkeypatch):
+def test_resume_frees_the_loaded_checkpoint(tmp_path, text_file, monkeypatch):
     out = tmp_path / "out"
     argv = ["--attn", "mla", "--out_dir", str(out), "--data", str(text_file), *FAST, "--ckpt_interval", "10"]
     real_step, steps = train.train_step, []
@@ -2017,19 +2018,13 @@ def test_resume_frees_the_loaded_checkpoint_and_strips_wrapper_prefixes(tmp_path
 
     monkeypatch.setattr(train, "train_step", interrupted)
     assert train.cli(argv) == 130  # stopped at once, as by a second Ctrl-C
-    path = rdir(out, "mla") / "ckpt.pt"
-    ckpt = torch.load(path, weights_only=True)
-    assert ckpt["iter"] == 10
-    # as if saved through torch.compile inside DDP: module._orig_mod.<name>
-    ckpt["model"] = {"module._orig_mod." + k: v for k, v in ckpt["model"].items()}
-    torch.save(ckpt, path)
-    del ckpt
+    assert torch.load(rdir(out, "mla") / "ckpt.pt", weights_only=True)["iter"] == 10
 
     real_load, loaded = train.load_checkpoint, []
 
     def spy(*args):
         ckpt = real_load(*args)
-        loaded.append(weakref.ref(ckpt["model"]["module._orig_mod.blocks.0.attn.wkv_b"]))
+        loaded.append(weakref.ref(ckpt["model"]["blocks.0.attn.wkv_b"]))
         return ckpt
 
     def check_freed(*args):
@@ -2045,11 +2040,12 @@ def test_resume_frees_the_loaded_checkpoint_and_strips_wrapper_prefixes(tmp_path
 def test_load_state_errors_are_one_line():
     model = gla.GPT(gla.make_config("tiny", "gqa"))
     state = model.state_dict()
-    with pytest.raises(ValueError, match=r"^the weights do not fit this model \(missing: blocks.0.attn.wq.weight\)$"):
-        train.load_state(model, {k: v for k, v in state.items() if k != "blocks.0.attn.wq.weight"})
+    with pytest.raises(train.UsageError,
+                       match=r"^run.pt: the weights do not fit this model \(missing: blocks.0.attn.wq.weight\)$"):
+        train.load_state(model, {k: v for k, v in state.items() if k != "blocks.0.attn.wq.weight"}, "run.pt")
     wrong = dict(state, **{"norm.weight": torch.ones(3)})
-    with pytest.raises(ValueError, match=r"shape differs: norm.weight \(3,\) vs \(256,\)"):
-        train.load_state(model, wrong)
+    with pytest.raises(train.UsageError, match=r"shape differs: norm.weight \(3,\) vs \(256,\)"):
+        train.load_state(model, wrong, "run.pt")
 
 
 def test_lr_schedule_warmup_then_cosine_to_a_tenth():
@@ -2198,7 +2194,7 @@ def test_a_run_that_cannot_fit_in_memory_is_refused_before_building(tmp_path, te
     assert train.cli(["--attn", "gqa", "--preset", "paper", "--data", str(text_file),
                       "--out_dir", str(tmp_path / "paper")]) == 2
     err = capsys.readouterr().err
-    assert one_line_error(err) and "GiB are free" in err and "measured" in err and "--dry_run" in err, err
+    assert one_line_error(err) and "GiB are free" in err and "measured" in err and "bench/memory.py" in err, err
     assert not list((tmp_path / "paper").glob("*/*/metrics.jsonl"))
     # FAST's gqa: 8 sequences per step. A host with room for a step of 2 sequences, not of 4, is told to
     # accumulate 4 micro-batches, and that advice runs.
@@ -2238,11 +2234,15 @@ def test_measured_peak_memory_counts_what_a_step_holds():
     assert train.train_peak(config, 4, 4, f32, True) == held  # DDP: gradients live in its buckets (views)
 
 
-def test_dry_run_plans_peaks_and_the_largest_micro_batch(capsys):
-    argv = ["--attn", "gla2", "--double_heads", "--dry_run", "--block_size", "64", "--batch_size", "48",
-            "--world_size", "4", "--grad_accum", "3"]
-    assert train.cli(argv) == 0
-    line = json.loads(capsys.readouterr().out)
+def test_memory_plan_gives_peaks_and_the_largest_micro_batch(capsys, monkeypatch):
+    argv = ["--attn", "gla2", "--double_heads", "--block_size", "64", "--batch_size", "48", "--grad_accum", "3"]
+    monkeypatch.setenv("WORLD_SIZE", "4")  # the default of --world_size
+    assert memory.main(argv) == 0
+    monkeypatch.delenv("WORLD_SIZE")
+    argv += ["--world_size", "4"]
+    assert memory.main(argv) == 0
+    line, again = map(json.loads, capsys.readouterr().out.splitlines())
+    assert line == again
     config = gla.make_config("tiny", "gla2", double_heads=True, block_size=64)
     bf16 = torch.bfloat16  # planned for GPUs unless --device cpu
     assert line["run"] == "gla2_double_heads" and line["world_size"] == 4 and line["micro_batch"] == 4
@@ -2251,13 +2251,19 @@ def test_dry_run_plans_peaks_and_the_largest_micro_batch(capsys):
     # A device with room for 5 sequences per micro-batch: 12 per process -> the largest divisor that fits is 4.
     five, six = (train.train_peak(config, m, 12, bf16, True) for m in (5, 6))
     gib = (five + six) / 2 / (1 - train.MEMORY_MARGIN) / 2**30
-    assert train.cli([*argv, "--device_memory", str(gib)]) == 0
+    assert memory.main([*argv, "--device_memory", str(gib)]) == 0
     line = json.loads(capsys.readouterr().out)
     assert line["max_micro_batch"] == 4 and line["grad_accum"] == 3
-    assert train.cli([*argv, "--device_memory", "1e-6"]) == 0
+    assert memory.main([*argv, "--device_memory", "1e-6"]) == 0
     assert json.loads(capsys.readouterr().out)["max_micro_batch"] == 0
-    assert train.cli(["--device_memory", "80"]) == 2  # only with --dry_run
-    assert "--dry_run" in capsys.readouterr().err
+    assert memory.main([*argv, "--device", "cpu"]) == 0  # train.py's --device, not an abbreviated --device_memory
+    assert json.loads(capsys.readouterr().out)["dtype"] == "float32"
+    for bad, match in [(["--world_size", "5"], "--batch_size 48 is not divisible by 5 process(es)"),
+                       (["--world_size", "x"], "invalid int value"), (["--device_memory", "0"], "must be positive"),
+                       (["--attn", "gla0"], "invalid choice")]:
+        assert memory.main([*argv, *bad]) == 2
+        err = capsys.readouterr().err
+        assert match in err and err.count("\n") == 1 and err.startswith("bench/memory.py: error:"), err
 
 
 def test_evaluation_runs_in_training_micro_batches(text_file):

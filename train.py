@@ -30,7 +30,6 @@ import math
 import multiprocessing
 import os
 import pathlib
-import re
 import random
 import shutil
 import signal
@@ -41,8 +40,8 @@ import tempfile
 import threading
 import time
 import warnings
-from contextlib import ExitStack, contextmanager, nullcontext
-from typing import Callable, NamedTuple
+from collections import namedtuple
+from contextlib import ExitStack, contextmanager, nullcontext, suppress
 
 import numpy as np
 import torch
@@ -124,9 +123,6 @@ def get_args(argv=None):
     p.add_argument("--allow_repeats", action="store_true", help="--preset paper: allow reading the data again")
     p.add_argument("--resume", action="store_true", help="continue each run from its checkpoint")
     p.add_argument("--overwrite", action="store_true", help="start runs over even if they have a checkpoint")
-    p.add_argument("--dry_run", action="store_true", help="print each run's shapes and peak memory as JSON, exit")
-    p.add_argument("--world_size", type=int, help="--dry_run: plan for this many processes (default: WORLD_SIZE)")
-    p.add_argument("--device_memory", type=float, metavar="GIB", help="--dry_run: max micro-batch for GIB GiB")
     g = p.add_argument_group("sampling: train.py --sample RUN [RUN ...] --prompt TEXT (torchrun + --tp N: sharded)")
     g.add_argument("--sample", nargs="+", metavar="RUN", help="runs (ckpt.pt or folder) to sample from, by --seed")
     g.add_argument("--prompt", default="\n", help="text, or GPT-2 token ids without tiktoken (default: a newline)")
@@ -138,7 +134,7 @@ def get_args(argv=None):
     vars(args).update({k: v for k, v in TRAIN_DEFAULTS[args.preset].items() if getattr(args, k) is None})
     finite = math.isfinite
     rules = [*((key, lambda v: v <= 0, "positive") for key in ("max_iters", "batch_size", "grad_accum", "eval_interval",
-               "eval_iters", "ckpt_interval", "seeds", "jobs", "world_size", "device_memory", *MODEL_FLAGS)),
+               "eval_iters", "ckpt_interval", "seeds", "jobs", *MODEL_FLAGS)),
              ("warmup_iters", lambda v: v < 0, "zero or more"),
              ("learning_rate", lambda v: not (finite(v) and v > 0), "a positive finite number"),
              ("grad_clip", lambda v: not (finite(v) and v > 0), "a positive finite number"),
@@ -148,8 +144,6 @@ def get_args(argv=None):
         value = getattr(args, key)
         if value is not None and bad(value):
             p.error(f"--{key} must be {need}, got {value}")
-    if (args.world_size or args.device_memory) and not args.dry_run:
-        p.error("--world_size and --device_memory plan a --dry_run; pass --dry_run (torchrun sets the real world size)")
     if args.resume and args.overwrite:
         p.error("--resume and --overwrite contradict each other; pass one")
     if not (0 <= args.seed and args.seed + args.seeds <= 2**32):
@@ -197,20 +191,16 @@ def atomic_write(writers):
     try:
         for path, write in writers.items():
             path = pathlib.Path(path)
-            fd, tmp[path] = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-            with os.fdopen(fd, "wb") as f:
+            tmp[path] = path.with_name(f".{path.name}.{os.urandom(4).hex()}")  # a random name: writers never collide
+            with open(tmp[path], "xb") as f:  # a new file (O_EXCL), with the umask's usual permissions
                 write(f)
                 f.flush()
                 os.fsync(f.fileno())  # on disk before it replaces the old file, even if the machine dies
-            umask = os.umask(0)
-            os.umask(umask)
-            os.chmod(tmp[path], 0o666 & ~umask)  # mkstemp makes 0600; give the usual permissions
         for path, name in tmp.items():
             os.replace(name, path)
     finally:
         for name in tmp.values():
-            if os.path.exists(name):
-                os.remove(name)
+            name.unlink(missing_ok=True)
 
 
 # ----------------------------------------------------------------------------
@@ -471,11 +461,9 @@ def lr_at(step, args):
 
 def make_optimizer(model, args):
     """AdamW, betas (0.9, 0.95), eps 1e-8, weight decay on every parameter (RMSNorm gains too, where nanoGPT decays
-    matrices only), as the MLRA release trains (Liu et al. 2026). Fused where PyTorch has it."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    fused = all(p.device.type in ("cpu", "cuda") for p in params)
-    return torch.optim.AdamW(params, lr=args.learning_rate, betas=(0.9, 0.95), weight_decay=args.weight_decay,
-                             fused=fused)
+    matrices only), as the MLRA release trains (Liu et al. 2026); fused (one kernel for all parameters)."""
+    return torch.optim.AdamW(model.parameters(), lr=args.learning_rate, betas=(0.9, 0.95),
+                             weight_decay=args.weight_decay, fused=True)
 
 
 def run_spec(args, config, data, dtype):
@@ -513,13 +501,9 @@ def read_metrics(path, up_to_iter):
     """Evaluations in metrics.jsonl up to an iteration; a line cut by a kill is dropped."""
     rows = []
     for line in path.read_text().splitlines() if path.exists() else []:
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(row, dict) and isinstance(row.get("iter"), int) and row["iter"] <= up_to_iter:
-            rows.append(row)
-    return rows
+        with suppress(json.JSONDecodeError):
+            rows.append(json.loads(line))
+    return [r for r in rows if isinstance(r, dict) and isinstance(r.get("iter"), int) and r["iter"] <= up_to_iter]
 
 
 def micro_batches(x, y, n, device):
@@ -557,6 +541,20 @@ def train_step(model, x, y, args, ctx):
     return ctx.all_mean(total)
 
 
+def load_state(model, state, where):
+    """Load a state dict into model. Raises UsageError (one line, after `where`) naming missing, unexpected or misshapen
+    entries."""
+    own = model.state_dict()
+    shapes = [f"{k} {tuple(state[k].shape)} vs {tuple(own[k].shape)}" for k in sorted(own.keys() & state.keys())
+              if tuple(state[k].shape) != tuple(own[k].shape)]
+    problems = [f"{what}: {', '.join(keys[:3])}{' ...' if len(keys) > 3 else ''}" for what, keys in (
+        ("missing", sorted(own.keys() - state.keys())), ("unexpected", sorted(state.keys() - own.keys())),
+        ("shape differs", shapes)) if keys]
+    if problems:
+        raise UsageError(f"{where}: the weights do not fit this model ({'; '.join(problems)})")
+    model.load_state_dict(state)
+
+
 def train_run(args, variant, double_heads, data, ctx, log):
     """Train (or resume, or skip if finished) the run of seed args.seed; returns its last evaluation."""
     folder = run_dir(args.out_dir, variant, double_heads, args.seed)
@@ -573,10 +571,7 @@ def train_run(args, variant, double_heads, data, ctx, log):
     step, elapsed, loss_sum, loss_count, rows = 0, 0.0, 0.0, 0, []
     if args.resume and ckpt_path.exists():
         ckpt = load_checkpoint(ckpt_path, spec)
-        try:
-            load_state(model, ckpt["model"])
-        except ValueError as e:
-            raise UsageError(f"cannot resume {ckpt_path}: {e}") from None
+        load_state(model, ckpt["model"], f"cannot resume {ckpt_path}")
         optimizer.load_state_dict(ckpt["optimizer"])  # its saved `fused` flag wins: an old run continues unchanged
         step, elapsed = ckpt["iter"], ckpt["elapsed_s"]
         loss_sum, loss_count = ckpt["train_loss_sum"], ckpt["train_loss_count"]
@@ -627,7 +622,8 @@ def train_run(args, variant, double_heads, data, ctx, log):
                        f"{ckpt_path}" + ("" if ckpt_path.exists() else " (none yet)"))
 
     def save(step):
-        nonlocal saved
+        nonlocal saved, elapsed
+        elapsed = time.time() - t0
         if not all(torch.isfinite(p).all() for p in model.parameters()):  # a finite loss, then an overflowing update
             diverged("non-finite weights")
         if ctx.master:
@@ -644,7 +640,6 @@ def train_run(args, variant, double_heads, data, ctx, log):
         while step < args.max_iters:
             if ctx.all_mean(float(STOP.value != 0)):  # between two steps, agreed by every process: a whole state
                 if step != saved:
-                    elapsed = time.time() - t0
                     save(step)
                 raise Interrupted(f"{name}: interrupted at iteration {step}")
             lr = lr_at(step, args)
@@ -677,7 +672,6 @@ def train_run(args, variant, double_heads, data, ctx, log):
                     write(metrics_path, lambda f: f.write((json.dumps(row) + "\n").encode()), append=True)
                     bar.write(f"{name} iter {step}: train {row['train_loss']:.4f} val {val_loss:.4f}")
             if step % args.ckpt_interval == 0 or step == args.max_iters:
-                elapsed = time.time() - t0
                 save(step)
     finally:
         bar.close()  # an error message then starts on a clean line
@@ -688,23 +682,8 @@ def train_run(args, variant, double_heads, data, ctx, log):
 # Sampling from a run: python train.py --sample out/gla2/seed1337 --prompt "The return value"
 
 
-def load_state(model, state_dict):
-    """Load a state dict into model, stripping torch.compile's "_orig_mod." and DDP's "module." prefixes. Raises
-    ValueError (one line) naming missing, unexpected or misshapen entries."""
-    clean = {re.sub(r"^((_orig_mod|module)\.)+", "", key): value for key, value in state_dict.items()}
-    own = model.state_dict()
-    shapes = [f"{k} {tuple(clean[k].shape)} vs {tuple(own[k].shape)}" for k in sorted(own.keys() & clean.keys())
-              if tuple(clean[k].shape) != tuple(own[k].shape)]
-    problems = [f"{what}: {', '.join(keys[:3])}{' ...' if len(keys) > 3 else ''}" for what, keys in (
-        ("missing", sorted(own.keys() - clean.keys())), ("unexpected", sorted(clean.keys() - own.keys())),
-        ("shape differs", shapes)) if keys]
-    if problems:
-        raise ValueError("the weights do not fit this model (" + "; ".join(problems) + ")")
-    model.load_state_dict(clean)
-
-
 # How a run's prompt becomes token ids (encode: str -> list of int) and its ids become text (decode).
-Codec = NamedTuple("Codec", [("name", str), ("encode", Callable[[str], list]), ("decode", Callable[[list], str])])
+Codec = namedtuple("Codec", "name encode decode")
 
 
 def _bytes_to_text(ids):
@@ -800,10 +779,7 @@ def sample_runs(args):
     try:
         for path, config, state, codec, prompt, new in jobs:
             model = gla.GPT(config)
-            try:
-                load_state(model, state)
-            except ValueError as e:
-                raise UsageError(f"{path}: {e}") from None
+            load_state(model, state, path)
             model.to(ctx.device).eval()
             if world > 1:
                 gla.shard_for_tp(model, ctx.rank, world)
@@ -882,19 +858,13 @@ def lock_runs(stack, folders):
 
 
 def main(argv=None):
-    """Train the requested runs (or print their --dry_run summaries); returns 0. Raises UsageError / ConfigError
-    for bad input, Diverged for a NaN loss, WriteError for a failed write, Interrupted after a signal."""
+    """Train the requested runs, or sample (--sample); returns 0. Raises UsageError / ConfigError for bad input,
+    Diverged for a NaN loss, WriteError for a failed write, Interrupted after a signal."""
     args = get_args(argv)
     if args.sample:
         return sample_runs(args)
-    models = models_of(args)
-    configs = [model_config(args, v, d) for v, d in models]  # ConfigError before anything is written
-    world = args.world_size or int(os.environ.get("WORLD_SIZE", 1))
-    if args.batch_size % (world * args.grad_accum):
-        raise UsageError(f"--batch_size {args.batch_size} is not divisible by {world} process(es) x "
-                         f"--grad_accum {args.grad_accum}; pick a multiple")
-    if args.dry_run:
-        return dry_run(args, models, configs, world)
+    configs = [model_config(args, v, d) for v, d in models_of(args)]  # ConfigError before anything is written
+    check_batch(args, int(os.environ.get("WORLD_SIZE", 1)))
     folders = [run_dir(args.out_dir, *run) for run in runs_of(args)]
     trained = [folder for folder in folders if (folder / "ckpt.pt").exists()]
     if trained and not (args.resume or args.overwrite):  # a forgotten --resume must not discard days of training
@@ -923,27 +893,11 @@ def main(argv=None):
     return 0
 
 
-def dry_run(args, models, configs, world):
-    """--dry_run: a JSON line per run: its shapes (n_kv_head: KV or latent heads a decode step reads), for `world`
-    processes the peak bytes of a training step (train_peak) and an evaluation; with --device_memory, the largest
-    micro-batch that fits less MEMORY_MARGIN and its --grad_accum. Plans bf16 unless --device cpu or --dtype."""
-    per_process = args.batch_size // world
-    micro = per_process // args.grad_accum
-    dtype = getattr(torch, args.dtype or ("float32" if args.device == "cpu" else "bfloat16"))
-    for (v, d), c in zip(models, configs):
-        line = dict(run=run_name(v, d), attn=v, double_heads=d, preset=args.preset, n_params=n_params(c),
-                    ffn_hidden=c.ffn_hidden, n_head=c.n_head, n_kv_head=c.n_groups,
-                    kv_cache_elems_per_token_per_layer=c.kv_cache_elems_per_token_per_layer, world_size=world,
-                    micro_batch=micro, dtype=str(dtype).removeprefix("torch."),
-                    peak_train_bytes=train_peak(c, micro, per_process, dtype, world > 1),
-                    peak_eval_bytes=peak_bytes(c, micro, dtype, train=False))
-        if args.device_memory:
-            fit = largest_micro_batch(c, per_process, dtype, world > 1,
-                                      (1 - MEMORY_MARGIN) * args.device_memory * 2**30)
-            line.update(device_memory_gib=args.device_memory, max_micro_batch=fit,
-                        grad_accum=per_process // fit if fit else None)
-        print(json.dumps(line), flush=True)
-    return 0
+def check_batch(args, world):
+    """UsageError unless --batch_size splits into world processes x --grad_accum micro-batches."""
+    if args.batch_size % (world * args.grad_accum):
+        raise UsageError(f"--batch_size {args.batch_size} is not divisible by {world} process(es) x "
+                         f"--grad_accum {args.grad_accum}; pick a multiple")
 
 
 def on_master(ctx, check):
@@ -1086,7 +1040,7 @@ def check_memory(args, configs, ctx, jobs):
                   "not even one sequence per micro-batch fits: use GPUs with more memory or a smaller model")
         raise UsageError(f"this run needs {need / 2**30:.1f} GiB on {ctx.device} (measured: {sharing} process(es), "
                          f"a step of {micro} sequences) but {have / 2**30:.1f} GiB are free, {MEMORY_MARGIN:.0%} "
-                         f"kept in reserve; {advice} (or fewer --jobs; --dry_run --device_memory GIB plans)")
+                         f"kept in reserve; {advice} (or fewer --jobs; bench/memory.py plans)")
 
 
 def jobs_of(args, ctx):

@@ -249,7 +249,7 @@ def test_width_rule_counts_every_attention_weight():
 def test_paper_plan(capsys, monkeypatch):
     # The paper-scale configs, not their memory: the 24 peaks of six 2.9B models on fake tensors take 20 s, and
     # test_a_run_that_cannot_fit_in_memory_is_refused_before_building measures one at this scale.
-    monkeypatch.setattr(train, "peak_bytes", lambda *args, **kwargs: 0)
+    monkeypatch.setattr(memory, "peak_bytes", lambda *args, **kwargs: 0)
     assert memory.main(["--attn", "all", "--preset", "paper"]) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert len(rows) == 6
@@ -1668,7 +1668,7 @@ def bad_inputs(tmp_path):
         # More jobs than threads would leave a worker none (torch.set_num_threads(0) raises in each).
         ("--seeds", str(threads + 1), "--jobs", str(threads + 1)): f"at most {threads} seed(s) at once",
         ("--warmup_iters", "-1"): "--warmup_iters must be zero or more",
-        ("--resume", "--overwrite"): "contradict",
+        ("--resume", "--overwrite"): "argument --overwrite: not allowed with argument --resume",
     }
     if not torch.cuda.is_available():
         cases[("--device", "cuda")] = "CUDA is not available"
@@ -1877,7 +1877,7 @@ def test_a_disk_without_room_for_the_runs_is_refused_before_anything_is_written(
     argv = ["--attn", "all", "--out_dir", str(out), "--data", str(text_file), *FAST]
     args = train.get_args(argv)
     configs = [train.model_config(args, v, d) for v, d in train.models_of(args)]
-    sizes = [12 * train.n_params(c) + train.CKPT_SLACK for c in configs]
+    sizes = [12 * gla.GPT(c).num_params() + train.CKPT_SLACK for c in configs]
     # every checkpoint, a copy of the largest while it is replaced, 4 metrics rows (iterations 10, 20, 30) per run
     need = sum(sizes) + max(sizes) + 6 * 4 * train.METRICS_ROW_BYTES
     free = [need]
@@ -2160,8 +2160,8 @@ def test_run_reports_its_passes_and_paper_refuses_to_repeat(tmp_path, text_file,
     out = tmp_path / "out"
     assert train.cli(["--attn", "gqa", "--data", str(text_file), "--out_dir", str(out), *FAST]) == 0
     n_windows = (90_000 - 1) // 64  # text_file: 100 KB, 90% of it the train split
-    assert (f"training: 15.4K tokens per run = {30 * 8 * 64 / (n_windows * 64):.2f} passes over "
-            f"{train.human(n_windows * 64)}") in capsys.readouterr().out
+    assert (f"training: 15,360 tokens per run = {30 * 8 * 64 / (n_windows * 64):.2f} passes over "
+            f"{n_windows * 64:,}") in capsys.readouterr().out
     shards = tmp_path / "shards"
     shards.mkdir()
     write_tokens(shards / "fw_train_000000.bin", np.arange(5000) % 50000, [20240520, 1, 5000])
@@ -2170,17 +2170,12 @@ def test_run_reports_its_passes_and_paper_refuses_to_repeat(tmp_path, text_file,
                    "--head_dim", "16", "--block_size", "32", "--batch_size", "8", "--out_dir", str(out / "paper")]
     assert train.cli([*small_paper, "--max_iters", "20"]) == 2  # 20 x 8 x 32 tokens: more than one pass
     err = capsys.readouterr().err
-    assert one_line_error(err) and "5.12K tokens per run are 1.03 passes over the 4.99K" in err, err
+    assert one_line_error(err) and "5,120 tokens per run are 1.03 passes over the 4,992" in err, err
     assert "--allow_repeats" in err and not list(out.glob("paper/*/*/metrics.jsonl"))
     data = train.TokenData.load(str(shards), None)
-    for argv, report in ([["--max_iters", "19"], "4.86K tokens per run = 0.97 passes over 4.99K"],
-                         [["--max_iters", "20", "--allow_repeats"], "5.12K tokens per run = 1.03 passes over 4.99K"]):
+    for argv, report in ([["--max_iters", "19"], "4,864 tokens per run = 0.97 passes over 4,992"],
+                         [["--max_iters", "20", "--allow_repeats"], "5,120 tokens per run = 1.03 passes over 4,992"]):
         assert train.check_passes(train.get_args([*small_paper, *argv]), data, 32) == report
-
-
-def test_counts_print_in_three_digits_across_unit_boundaries():
-    assert [train.human(n) for n in (999, 1000, 4864, 999_600, 819_200, 98_304_000_000)] == [
-        "999", "1K", "4.86K", "1M", "819K", "98.3B"]
 
 
 def test_seed_range_both_ends():
@@ -2199,15 +2194,15 @@ def test_a_run_that_cannot_fit_in_memory_is_refused_before_building(tmp_path, te
     # FAST's gqa: 8 sequences per step. A host with room for a step of 2 sequences, not of 4, is told to
     # accumulate 4 micro-batches, and that advice runs.
     config, f32 = train.model_config(train.get_args(FAST), "gqa", False), torch.float32
-    two, four, eight = (train.train_peak(config, m, 8, f32, False) for m in (2, 4, 8))
+    two, four, eight = (memory.train_peak(config, m, 8, f32, False) for m in (2, 4, 8))
     assert two < four < eight
-    monkeypatch.setattr(train, "device_memory", lambda device: (two + four) / 2 / (1 - train.MEMORY_MARGIN))
+    monkeypatch.setattr(memory, "device_memory", lambda device: (two + four) / 2 / (1 - memory.MEMORY_MARGIN))
     argv = ["--data", str(text_file), "--out_dir", str(tmp_path / "tiny"), *FAST, "--max_iters", "2"]
     assert train.cli(argv) == 2
     err = capsys.readouterr().err
     assert one_line_error(err) and f"needs {eight / 2**30:.1f} GiB" in err and "--grad_accum 4 (2 sequences" in err
     assert train.cli([*argv, "--grad_accum", "4"]) == 0
-    monkeypatch.setattr(train, "device_memory", lambda device: 2 * eight)  # room for one process, not four
+    monkeypatch.setattr(memory, "device_memory", lambda device: 2 * eight)  # room for one process, not four
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")  # as torchrun --nproc_per_node=4 on this host (gloo)
     assert train.cli([*argv, "--out_dir", str(tmp_path / "four")]) == 2
     assert "(measured: 4 process(es)" in capsys.readouterr().err
@@ -2215,23 +2210,23 @@ def test_a_run_that_cannot_fit_in_memory_is_refused_before_building(tmp_path, te
 
 def test_measured_peak_memory_counts_what_a_step_holds():
     config = gla.make_config("tiny", "mla", double_heads=True, n_layer=4, block_size=64)
-    f32, n = torch.float32, train.n_params(config)
+    f32, n = torch.float32, gla.GPT(config).num_params()
     # Extrapolated from 1 and 2 layers, as a deep model is measured, equals measuring all 4 layers.
-    full = train._tracked_peak(tuple(dataclasses.asdict(config).items()), 4, f32, True, False)
-    assert abs(train.peak_bytes(config, 4, f32) - full) <= 0.01 * full
-    step, ev = train.peak_bytes(config, 4, f32), train.peak_bytes(config, 4, f32, train=False)
+    full = memory._tracked_peak(tuple(dataclasses.asdict(config).items()), 4, f32, True, False)
+    assert abs(memory.peak_bytes(config, 4, f32) - full) <= 0.01 * full
+    step, ev = memory.peak_bytes(config, 4, f32), memory.peak_bytes(config, 4, f32, train=False)
     # float32 weights and AdamW's two moments, plus the logits (4 x 64 x 256 float32) that the loss needs
     assert step > 12 * n + 4 * 64 * 256 * 4
     assert 4 * n + 4 * 64 * 256 * 4 < ev < step
-    assert train.peak_bytes(config, 8, f32) > step  # activations grow with the micro-batch
-    assert train.peak_bytes(config, 4, torch.bfloat16) < step  # bf16 activations
+    assert memory.peak_bytes(config, 8, f32) > step  # activations grow with the micro-batch
+    assert memory.peak_bytes(config, 4, torch.bfloat16) < step  # bf16 activations
     # A later micro-batch of --grad_accum starts with the step's float32 gradients held: it peaks about 4n higher
     # (under the peak of one whose gradients build up as its activations are freed, a little less than 4n).
-    held = train.peak_bytes(config, 4, f32, grads_held=True)
+    held = memory.peak_bytes(config, 4, f32, grads_held=True)
     assert step + 3.5 * n < held <= step + 4 * n
-    assert train.train_peak(config, 4, 4, f32, False) == step  # one micro-batch per step
-    assert train.train_peak(config, 4, 8, f32, False) == held  # --grad_accum 2: the second micro-batch
-    assert train.train_peak(config, 4, 4, f32, True) == held  # DDP: gradients live in its buckets (views)
+    assert memory.train_peak(config, 4, 4, f32, False) == step  # one micro-batch per step
+    assert memory.train_peak(config, 4, 8, f32, False) == held  # --grad_accum 2: the second micro-batch
+    assert memory.train_peak(config, 4, 4, f32, True) == held  # DDP: gradients live in its buckets (views)
 
 
 def test_memory_plan_gives_peaks_and_the_largest_micro_batch(capsys, monkeypatch):
@@ -2246,11 +2241,11 @@ def test_memory_plan_gives_peaks_and_the_largest_micro_batch(capsys, monkeypatch
     config = gla.make_config("tiny", "gla2", double_heads=True, block_size=64)
     bf16 = torch.bfloat16  # planned for GPUs unless --device cpu
     assert line["run"] == "gla2_double_heads" and line["world_size"] == 4 and line["micro_batch"] == 4
-    assert line["peak_train_bytes"] == train.train_peak(config, 4, 12, bf16, True)
-    assert line["peak_eval_bytes"] == train.peak_bytes(config, 4, bf16, train=False)
+    assert line["peak_train_bytes"] == memory.train_peak(config, 4, 12, bf16, True)
+    assert line["peak_eval_bytes"] == memory.peak_bytes(config, 4, bf16, train=False)
     # A device with room for 5 sequences per micro-batch: 12 per process -> the largest divisor that fits is 4.
-    five, six = (train.train_peak(config, m, 12, bf16, True) for m in (5, 6))
-    gib = (five + six) / 2 / (1 - train.MEMORY_MARGIN) / 2**30
+    five, six = (memory.train_peak(config, m, 12, bf16, True) for m in (5, 6))
+    gib = (five + six) / 2 / (1 - memory.MEMORY_MARGIN) / 2**30
     assert memory.main([*argv, "--device_memory", str(gib)]) == 0
     line = json.loads(capsys.readouterr().out)
     assert line["max_micro_batch"] == 4 and line["grad_accum"] == 3

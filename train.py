@@ -33,13 +33,11 @@ import pathlib
 import random
 import shutil
 import signal
-import socket
 import sys
 import sysconfig
 import tempfile
 import threading
 import time
-import warnings
 from collections import namedtuple
 from contextlib import ExitStack, contextmanager, nullcontext, suppress
 
@@ -50,10 +48,10 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
 import gla
+from bench import memory  # the memory pre-flight: a step's peak measured on fake tensors, as bench/memory.py plans
 
 # Override the preset's model (gla.make_config derives everything else from them).
 MODEL_FLAGS = ("n_layer", "n_embd", "head_dim", "block_size", "vocab_size", "n_head", "n_kv_head")
-PLAIN_LOG_SECONDS = 60  # progress line interval when stderr is not a terminal (no tqdm bar)
 # llm.c / modded-nanogpt token shards: 256 int32 header [magic, version, n_tokens, ...], then uint16 tokens.
 SHARD_MAGIC, SHARD_VERSION, SHARD_HEADER_INTS = 20240520, 1, 256
 # Training defaults per preset; paper: the ablation as Liu et al.'s MLRA release trains it (60 x 8 GPUs, ~98B tokens).
@@ -71,12 +69,8 @@ class UsageError(Exception):
     """Bad input: printed as one line, exit status 2, nothing written."""
 
 
-class Diverged(Exception):
-    """The loss became NaN or infinite: printed as one line, exit status 1."""
-
-
-class WriteError(Exception):
-    """A run's file could not be written (a full disk, a lost permission): one line, exit status 1."""
+class RunError(Exception):
+    """A run cannot go on (a NaN loss, a file it cannot write): one line, exit status 1, earlier checkpoints kept."""
 
 
 class Interrupted(Exception):
@@ -121,8 +115,9 @@ def get_args(argv=None):
     p.add_argument("--seeds", type=int, help="seeds per run: --seed, --seed + 1, ... (default: per preset)")
     p.add_argument("--jobs", type=int, help="CPU: seeds trained at once, one process each (default: all that fit)")
     p.add_argument("--allow_repeats", action="store_true", help="--preset paper: allow reading the data again")
-    p.add_argument("--resume", action="store_true", help="continue each run from its checkpoint")
-    p.add_argument("--overwrite", action="store_true", help="start runs over even if they have a checkpoint")
+    once = p.add_mutually_exclusive_group()  # --resume and --overwrite contradict each other
+    once.add_argument("--resume", action="store_true", help="continue each run from its checkpoint")
+    once.add_argument("--overwrite", action="store_true", help="start runs over even if they have a checkpoint")
     g = p.add_argument_group("sampling: train.py --sample RUN [RUN ...] --prompt TEXT (torchrun + --tp N: sharded)")
     g.add_argument("--sample", nargs="+", metavar="RUN", help="runs (ckpt.pt or folder) to sample from, by --seed")
     g.add_argument("--prompt", default="\n", help="text, or GPT-2 token ids without tiktoken (default: a newline)")
@@ -132,20 +127,17 @@ def get_args(argv=None):
     g.add_argument("--tp", type=int, default=1, help="tensor-parallel processes (gloo on CPU, nccl on GPUs)")
     args = p.parse_args(argv)
     vars(args).update({k: v for k, v in TRAIN_DEFAULTS[args.preset].items() if getattr(args, k) is None})
-    finite = math.isfinite
     rules = [*((key, lambda v: v <= 0, "positive") for key in ("max_iters", "batch_size", "grad_accum", "eval_interval",
                "eval_iters", "ckpt_interval", "seeds", "jobs", *MODEL_FLAGS)),
              ("warmup_iters", lambda v: v < 0, "zero or more"),
-             ("learning_rate", lambda v: not (finite(v) and v > 0), "a positive finite number"),
-             ("grad_clip", lambda v: not (finite(v) and v > 0), "a positive finite number"),
-             ("weight_decay", lambda v: not (finite(v) and v >= 0), "a finite number >= 0"),
+             ("learning_rate", lambda v: not (math.isfinite(v) and v > 0), "a positive finite number"),
+             ("grad_clip", lambda v: not (math.isfinite(v) and v > 0), "a positive finite number"),
+             ("weight_decay", lambda v: not (math.isfinite(v) and v >= 0), "a finite number >= 0"),
              ("max_new_tokens", lambda v: v < 0, ">= 0")]
     for key, bad, need in rules:  # in this order: the first bad flag is the one reported
         value = getattr(args, key)
         if value is not None and bad(value):
             p.error(f"--{key} must be {need}, got {value}")
-    if args.resume and args.overwrite:
-        p.error("--resume and --overwrite contradict each other; pass one")
     if not (0 <= args.seed and args.seed + args.seeds <= 2**32):
         p.error(f"--seed must be in [0, 2**32 - seeds] = [0, {2**32 - args.seeds}], got {args.seed}")
     return args
@@ -176,12 +168,6 @@ def model_config(args, variant, double_heads):
     """GPTConfig of one run: the preset, the variant, and the model flags. Raises ConfigError."""
     overrides = {k: getattr(args, k) for k in MODEL_FLAGS if getattr(args, k) is not None}
     return gla.make_config(args.preset, variant, double_heads, **overrides)
-
-
-def n_params(config):
-    """Parameters of the model of config, counted on the meta device (no memory)."""
-    with torch.device("meta"):
-        return gla.GPT(config).num_params()
 
 
 def atomic_write(writers):
@@ -341,13 +327,6 @@ class TokenData:
         return rows[:, :-1], rows[:, 1:]
 
 
-def _mix64(x):
-    """splitmix64's finaliser (Steele, Lea, Flood 2014): a bijective scramble of uint64 values."""
-    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return x ^ (x >> np.uint64(31))
-
-
 def permute(i, n, key, rounds=4):
     """A pseudo-random permutation of [0, n) keyed by key (a tuple of ints and bools) at the int64 indices i, in
     O(len(i)) memory: a balanced Feistel network (Luby, Rackoff 1988) on the fewest even bits holding n - 1, cycle
@@ -356,13 +335,17 @@ def permute(i, n, key, rounds=4):
     mask = np.uint64((1 << half) - 1)
     subkeys = [np.uint64(int.from_bytes(hashlib.blake2b(repr((key, r)).encode(), digest_size=8).digest(), "little"))
                for r in range(rounds)]
+    def mix(x):  # splitmix64's finaliser (Steele, Lea, Flood 2014): a bijective scramble of uint64 values
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return x ^ (x >> np.uint64(31))
     x = np.asarray(i, dtype=np.uint64).copy()
     todo = np.ones(len(x), dtype=bool)
     with np.errstate(over="ignore"):  # uint64 products wrap, as the mix intends
         while todo.any():
             left, right = x[todo] >> np.uint64(half), x[todo] & mask
             for sub in subkeys:
-                left, right = right, left ^ (_mix64(right ^ sub) & mask)
+                left, right = right, left ^ (mix(right ^ sub) & mask)
             x[todo] = (left << np.uint64(half)) | right
             todo[todo] = x[todo] >= n
     return x.astype(np.int64)
@@ -507,8 +490,7 @@ def read_metrics(path, up_to_iter):
 
 
 def micro_batches(x, y, n, device):
-    """The n equal micro-batches of this process's share (x, y) of a batch, on device: no forward sees more (the
-    memory check measures that much)."""
+    """The n equal micro-batches of (x, y), this process's share of a batch, on device: no forward sees more."""
     micro = x.size(0) // n
     return [(x[m * micro:(m + 1) * micro].to(device), y[m * micro:(m + 1) * micro].to(device)) for m in range(n)]
 
@@ -597,7 +579,7 @@ def train_run(args, variant, double_heads, data, ctx, log):
                 raise
             kept = f"the checkpoint of iteration {saved} and its metrics are kept" if saved else "no checkpoint yet"
             fix = "free space" if error.errno in (errno.ENOSPC, errno.EDQUOT) else "make it writable"
-            raise WriteError(f"cannot write {path}: {error.strerror or error}; {kept}: {fix}, then --resume") from None
+            raise RunError(f"cannot write {path}: {error.strerror or error}; {kept}: {fix}, then --resume") from None
 
     if ctx.master:
         if step == 0:  # starting over: a stale checkpoint must not be resumed later
@@ -614,11 +596,11 @@ def train_run(args, variant, double_heads, data, ctx, log):
     train_model = torch.compile(model) if args.compile else model
     if ctx.world_size > 1:
         train_model = DDP(train_model, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
-                          gradient_as_bucket_view=True)  # no second copy of the gradients (train_peak)
+                          gradient_as_bucket_view=True)  # no second copy of the gradients (bench/memory.py)
     tokens_per_step = args.batch_size * config.block_size
 
     def diverged(what):
-        raise Diverged(f"{name}: {what} at iteration {step}; stopped, the last good checkpoint is kept at "
+        raise RunError(f"{name}: {what} at iteration {step}; stopped, the last good checkpoint is kept at "
                        f"{ckpt_path}" + ("" if ckpt_path.exists() else " (none yet)"))
 
     def save(step):
@@ -657,7 +639,7 @@ def train_run(args, variant, double_heads, data, ctx, log):
             bar.update(1)
             tok_s = step * tokens_per_step / (time.time() - t0)
             bar.set_postfix(loss=f"{step_loss:.3f}", tok_s=f"{tok_s:.0f}")
-            if bar.disable and time.time() - last_log > PLAIN_LOG_SECONDS:  # no terminal: a line now and then
+            if bar.disable and time.time() - last_log > 60:  # no terminal (no tqdm bar): a line a minute
                 last_log = time.time()
                 log(f"{name} iter {step}/{args.max_iters}: loss {step_loss:.4f}, {tok_s:.0f} tokens/s")
             if step % args.eval_interval == 0 or step == args.max_iters:
@@ -830,7 +812,8 @@ METRICS_ROW_BYTES = 256  # a metrics.jsonl row takes about 200
 def check_disk(args, configs, jobs):
     """UsageError unless --out_dir's disk has room: each run's checkpoint (12 bytes a parameter: float32 weights, two
     AdamW moments) less its ckpt.pt's size, one more per --jobs process (atomic_write's old + new), the metrics."""
-    size = {model: 12 * n_params(c) + CKPT_SLACK for model, c in zip(models_of(args), configs)}
+    with torch.device("meta"):  # parameters counted without memory
+        size = {model: 12 * gla.GPT(c).num_params() + CKPT_SLACK for model, c in zip(models_of(args), configs)}
     runs, free = runs_of(args), shutil.disk_usage(args.out_dir).free
     have = [(run_dir(args.out_dir, *run) / "ckpt.pt") for run in runs]
     need = sum(max(0, size[run[:2]] - (p.stat().st_size if p.exists() else 0)) for run, p in zip(runs, have))
@@ -854,12 +837,12 @@ def lock_runs(stack, folders):
             raise UsageError(f"{folder} is being trained by {lock.read().strip() or 'another process'}; wait for it "
                              "to finish, stop it, or choose another --out_dir") from None
         lock.truncate(0)
-        print(f"process {os.getpid()} on {socket.gethostname()}", file=lock, flush=True)
+        print(f"process {os.getpid()} on {os.uname().nodename}", file=lock, flush=True)
 
 
 def main(argv=None):
     """Train the requested runs, or sample (--sample); returns 0. Raises UsageError / ConfigError for bad input,
-    Diverged for a NaN loss, WriteError for a failed write, Interrupted after a signal."""
+    RunError for a NaN loss or a failed write, Interrupted after a signal."""
     args = get_args(argv)
     if args.sample:
         return sample_runs(args)
@@ -872,7 +855,7 @@ def main(argv=None):
                          "pass --resume to continue it, --overwrite to start over, or another --out_dir")
     ctx = setup_context(args)
     jobs = jobs_of(args, ctx)
-    check_memory(args, configs, ctx, jobs)
+    memory.check_memory(args, configs, ctx, jobs)  # refuses a run that would not fit, before building it
     log = tqdm.write if ctx.master else (lambda msg: None)
     block_size = configs[0].block_size  # one for every run: the preset's or --block_size
     data, passes = load_data(args, ctx, block_size, min(c.vocab_size for c in configs))
@@ -927,120 +910,17 @@ def load_data(args, ctx, block_size, vocab_size):
     return loaded[0] if ctx.master else TokenData.load(args.data, args.out_dir, fingerprint), passes
 
 
-def human(n):
-    """98.3B, 819K: a count in three significant digits (999,600 is 1M, not 1e+03K)."""
-    for scale, unit in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
-        if float(f"{n:.3g}") >= scale:
-            return f"{float(f'{n / scale:.3g}'):g}{unit}"
-    return str(n)
-
-
 def check_passes(args, data, block_size):
-    """'98.3B tokens per run = 0.98 passes over 99.6B' of the training split. The paper reads FineWeb-Edu 100BT
-    once: under --preset paper, a run that would read its data again is refused (UsageError) unless --allow_repeats."""
+    """'T tokens per run = P passes over N' (the training split's N). The paper reads FineWeb-Edu 100BT once: under
+    --preset paper, a run that would read its data again is refused (UsageError) unless --allow_repeats."""
     tokens = args.max_iters * args.batch_size * block_size
     pass_tokens = int(data.windows("train", block_size).sum()) * block_size
     passes = tokens / pass_tokens
     if args.preset == "paper" and passes > 1 and not args.allow_repeats:
-        raise UsageError(f"--preset paper reads its training data once, as the paper does, but {human(tokens)} "
-                         f"tokens per run are {passes:.2f} passes over the {human(pass_tokens)} of {data.source}; "
+        raise UsageError(f"--preset paper reads its training data once, as the paper does, but {tokens:,} "
+                         f"tokens per run are {passes:.2f} passes over the {pass_tokens:,} of {data.source}; "
                          "use more data (FineWeb-Edu sample-100BT, see README), fewer --max_iters, or --allow_repeats")
-    return f"{human(tokens)} tokens per run = {passes:.2f} passes over {human(pass_tokens)}"
-
-
-# ----------------------------------------------------------------------------
-# Memory, measured before anything is built
-
-# Kept free for what fake tensors cannot see: allocator fragmentation, cuBLAS / NCCL / torch.compile workspaces.
-MEMORY_MARGIN = 0.10
-
-
-def peak_bytes(config, micro_batch, dtype, train=True, grads_held=False):
-    """Peak bytes of one process's training micro-batch of micro_batch sequences (forward, backward, clipping, fused
-    AdamW with its state) or, train=False, evaluation forward; dtype: autocast's (float32: none). grads_held: the
-    step's gradients exist already (later micro-batches of --grad_accum; all under DDP). Measured by MemTracker on
-    fake tensors (real shapes, nothing allocated): a CPU measures a GPU's eager peak."""
-    if config.n_layer <= 2:
-        return _tracked_peak(tuple(dataclasses.asdict(config).items()), micro_batch, dtype, train, grads_held)
-    # Every layer adds the same bytes, and the tracker slows down with depth: measure 1 and 2 layers.
-    one, two = (peak_bytes(dataclasses.replace(config, n_layer=n), micro_batch, dtype, train, grads_held)
-                for n in (1, 2))
-    return one + (config.n_layer - 1) * (two - one)
-
-
-@functools.lru_cache(maxsize=None)
-def _tracked_peak(fields, micro_batch, dtype, train, grads_held):
-    # Imported here: the tracker pulls in torch._inductor, about 2 s at the start of every process that imports us.
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.distributed._tools.mem_tracker import MemTracker
-    config = gla.GPTConfig(**dict(fields))
-    with FakeTensorMode(), warnings.catch_warnings():
-        warnings.filterwarnings("ignore", "Mismatch dtype between input and weight")  # RMSNorm under bf16 autocast
-        model = gla.GPT(config)
-        x = torch.zeros(micro_batch, config.block_size, dtype=torch.int64)
-        optimizer = torch.optim.AdamW(model.parameters(), fused=True)
-        if train:  # AdamW's state as after the first step
-            for p in model.parameters():
-                p.grad = torch.zeros_like(p)
-            optimizer.step()
-            if not grads_held:
-                optimizer.zero_grad(set_to_none=True)
-        tracker = MemTracker()
-        tracker.track_external(model, optimizer, x)
-        with tracker, torch.autocast("cpu", dtype, enabled=dtype != torch.float32), torch.set_grad_enabled(train):
-            _, loss = model(x, x)
-            if train:
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-        return tracker.get_tracker_snapshot("peak")[x.device]["Total"]
-
-
-def train_peak(config, micro_batch, per_process, dtype, ddp):
-    """peak_bytes of a step's largest micro-batch: with the gradients held if a step of per_process sequences is split
-    (--grad_accum), and always under DDP (gradient_as_bucket_view: they live in its buckets)."""
-    return peak_bytes(config, micro_batch, dtype, grads_held=ddp or micro_batch < per_process)
-
-
-def largest_micro_batch(config, per_process, dtype, ddp, budget):
-    """The largest micro-batch dividing per_process whose step and evaluation peak within budget bytes (0: none);
-    peaks grow linearly: the line through 1 and 2 sequences gives the first candidate."""
-    one, two = (train_peak(config, m, per_process, dtype, ddp) for m in (1, 2))
-    guess = 1 + (budget - one) // max(two - one, 1)
-    for m in (d for d in range(per_process, 0, -1) if per_process % d == 0 and d <= max(guess, 1)):
-        if max(train_peak(config, m, per_process, dtype, ddp), peak_bytes(config, m, dtype, train=False)) <= budget:
-            return m
-    return 0
-
-
-def device_memory(device):
-    """Free bytes on a CUDA device, or the memory available to new processes on this host."""
-    if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
-    try:
-        with open("/proc/meminfo") as f:
-            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
-    except (OSError, StopIteration):
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
-
-def check_memory(args, configs, ctx, jobs):
-    """UsageError (one line) if the largest run's training peak, times the processes sharing the device (CPU: --jobs
-    workers x this host's torchrun processes), exceeds its free memory less MEMORY_MARGIN: before any model is built."""
-    per_process, ddp = args.batch_size // ctx.world_size, ctx.world_size > 1
-    micro = per_process // args.grad_accum
-    sharing = jobs * int(os.environ.get("LOCAL_WORLD_SIZE", 1)) if ctx.device.type == "cpu" else 1
-    worst = max(configs, key=lambda c: train_peak(c, micro, per_process, ctx.dtype, ddp))
-    need, have = sharing * train_peak(worst, micro, per_process, ctx.dtype, ddp), device_memory(ctx.device)
-    budget = (1 - MEMORY_MARGIN) * have
-    if need > budget:
-        fit = largest_micro_batch(worst, per_process, ctx.dtype, ddp, budget / sharing)
-        advice = (f"--grad_accum {per_process // fit} ({fit} sequences per micro-batch) would fit" if fit else
-                  "not even one sequence per micro-batch fits: use GPUs with more memory or a smaller model")
-        raise UsageError(f"this run needs {need / 2**30:.1f} GiB on {ctx.device} (measured: {sharing} process(es), "
-                         f"a step of {micro} sequences) but {have / 2**30:.1f} GiB are free, {MEMORY_MARGIN:.0%} "
-                         f"kept in reserve; {advice} (or fewer --jobs; bench/memory.py plans)")
+    return f"{tokens:,} tokens per run = {passes:.2f} passes over {pass_tokens:,}"
 
 
 def jobs_of(args, ctx):
@@ -1106,7 +986,7 @@ def cli(argv=None):
     rank = f"rank {os.environ['RANK']}: " if int(os.environ.get("WORLD_SIZE", 1)) > 1 else ""
     try:
         return main(argv)
-    except (UsageError, gla.ConfigError, Diverged, WriteError) as e:
+    except (UsageError, gla.ConfigError, RunError) as e:
         print(f"train.py: error: {rank}{e}", file=sys.stderr)
         return 2 if isinstance(e, (UsageError, gla.ConfigError)) else 1
     except (Interrupted, KeyboardInterrupt) as e:

@@ -54,7 +54,7 @@ from bench import memory  # the memory pre-flight: a step's peak measured on fak
 MODEL_FLAGS = ("n_layer", "n_embd", "head_dim", "block_size", "vocab_size", "n_head", "n_kv_head")
 # llm.c / modded-nanogpt token shards: 256 int32 header [magic, version, n_tokens, ...], then uint16 tokens.
 SHARD_MAGIC, SHARD_VERSION, SHARD_HEADER_INTS = 20240520, 1, 256
-# Training defaults per preset; paper: the ablation as Liu et al.'s MLRA release trains it (60 x 8 GPUs, ~98B tokens).
+# Training defaults per preset; paper: the ablation as Liu et al.'s MLRA release trains it (8 GPUs, ~98B tokens).
 TRAIN_DEFAULTS = {
     "tiny": dict(max_iters=400, batch_size=16, learning_rate=2e-3, warmup_iters=200,
                  eval_interval=25, eval_iters=8, ckpt_interval=100, seeds=2),
@@ -172,7 +172,7 @@ def model_config(args, variant, double_heads):
 
 def atomic_write(writers):
     """Write each file of {path: write(binary file)} to a fsynced temporary in its folder, then rename all into place:
-    a kill leaves each file old or new; an error while writing (a full disk) replaces none. plot.py uses it too."""
+    a kill leaves each file old or new; an error while writing (a full disk) replaces none. plot.py, bench/ use it."""
     tmp = {}
     try:
         for path, write in writers.items():
@@ -793,7 +793,7 @@ def sample_runs(args):
 
 
 # ----------------------------------------------------------------------------
-# Pre-flight checks and the ablation
+# Pre-flight checks (memory: bench/memory.py) and the ablation
 
 
 def check_out_dir(out_dir):

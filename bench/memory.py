@@ -111,9 +111,10 @@ def check_memory(args, configs, ctx, jobs):
         fit = largest_micro_batch(worst, per_process, ctx.dtype, ddp, budget / sharing)
         advice = (f"--grad_accum {per_process // fit} ({fit} sequences per micro-batch) would fit" if fit else
                   "not even one sequence per micro-batch fits: use GPUs with more memory or a smaller model")
+        fewer = " (or fewer --jobs)" if ctx.device.type == "cpu" else ""
         raise gla.ConfigError(f"this run needs {need / 2**30:.1f} GiB on {ctx.device} (measured: {sharing} "
-                              f"process(es), a step of {micro} sequences) but {have / 2**30:.1f} GiB are free, "
-                              f"{MEMORY_MARGIN:.0%} kept in reserve; {advice} (or fewer --jobs; bench/memory.py plans)")
+                              f"process(es), micro-batches of {micro} sequences) but {have / 2**30:.1f} GiB are free, "
+                              f"{MEMORY_MARGIN:.0%} kept in reserve; {advice}{fewer}; bench/memory.py plans a launch")
 
 
 def plan(args, world, device_gib=None):

@@ -338,7 +338,7 @@ def test_model_decode_through_the_triton_kernel(variant, monkeypatch):
     assert (torch.cat([prompt, drafts, step], 1) - full).abs().max() < 1e-4
 
 
-@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU (run by kernels.py --check)")
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU (run by bench/gpu_check.py)")
 @pytest.mark.parametrize("cache_dtype, tol", [(torch.float32, 1e-3), (torch.bfloat16, 5e-2)])
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_model_decode_on_cuda_through_the_triton_kernel(variant, cache_dtype, tol, monkeypatch):
@@ -1137,7 +1137,7 @@ def test_bad_inputs_raise(case, match):
 
 @interpreter_only
 def test_gpu_check_passes_the_kernel_and_fails_a_wrong_one(monkeypatch):
-    # `kernels.py --check` compares in bf16 on the GPU; here its comparison runs in float16
+    # `bench/gpu_check.py` compares in bf16 on the GPU; here its comparison runs in float16
     # through the interpreter, on a short cache.
     assert gpu_check.check_one("GQA-8 TP-8", 2, 2, S=40, dtype=torch.float16, device="cpu") == []
     right = kernels.decode_attention
@@ -1161,7 +1161,7 @@ def test_gpu_commands_without_cuda_exit_2(command):
 @pytest.mark.skipif(not HAS_CUDA or sm90.unsupported() is not None, reason="needs a CUDA GPU and the sm_90 tools")
 def test_sm90_figures_match_this_cuda_gpus_own_build(sm90_builds):
     """The premise of the CPU build tests: the runtime's build on a GPU has the registers, spills, shared memory
-    and CTAs per SM of the ahead-of-time one (run by kernels.py --check)."""
+    and CTAs per SM of the ahead-of-time one (run by bench/gpu_check.py)."""
     for config in sm90.CONFIGS:
         f = sm90_builds[config]
         want = dict(regs=f["regs"], spills=0, dynamic_smem=f["dynamic_smem"], ctas_per_sm=f["ctas_per_sm"])

@@ -36,9 +36,10 @@ import sys
 
 import numpy as np
 
-from gla import VARIANTS
-from train import atomic_write
+from harness.files import atomic_write
 
+# The variants, in gla.py's order (we do not import gla: it needs torch).
+VARIANTS = ("gqa", "mla", "gla2")
 # run name of the baseline: (legend label, colour, (line width, marker size)), the reference figure's colours.
 # Widths and sizes shrink in VARIANTS' order and later variants draw on top, so curves that coincide nest (a wide
 # teal line around a narrower blue one, rings of markers) and every variant stays visible.

@@ -19,7 +19,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import gla  # noqa: E402
 import kernels  # noqa: E402
 import plot  # noqa: E402
-from train import atomic_write  # noqa: E402
+from harness.files import atomic_write  # noqa: E402
 
 # The decode roofline. A design's arithmetic intensity (Zadouri, Strauss, Dao 2025, arXiv 2505.21487, Sec. 3) is the
 # kernel's FLOPs over the bytes it reads, kernels.call_flops / call_bytes, the formulas of bench/sm90.py's table; a

@@ -23,6 +23,7 @@ from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
 import gla  # noqa: E402
 import train  # noqa: E402
+from harness.data import TokenData  # noqa: E402
 from bench.common import machine  # noqa: E402
 
 
@@ -48,18 +49,18 @@ def main(argv=None):
     for variant, double_heads in [(v, d) for v in gla.VARIANTS for d in (False, True)]:
         args = train.get_args(["--attn", variant] + ["--double_heads"] * double_heads)
         config = train.model_config(args, variant, double_heads)
-        data = train.TokenData.load(None, args.out_dir)
+        data = TokenData.load(None, args.out_dir)
         torch.manual_seed(args.seed)
         model = gla.GPT(config)
         optimizer = train.make_optimizer(model, args)
-        x, y = data.batch("train", 0, args.batch_size, config.block_size, args.seed)
+        x, y = train.get_batch(data, "train", 0, args.batch_size, config.block_size, args.seed)
         with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
             model(x, y)[1].backward()
         flops = counter.get_total_flops()
         optimizer.zero_grad(set_to_none=True)
         seconds = []
         for step in range(3 + steps):
-            x, y = data.batch("train", step, args.batch_size, config.block_size, args.seed)
+            x, y = train.get_batch(data, "train", step, args.batch_size, config.block_size, args.seed)
             t = time.process_time()
             model(x, y)[1].backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)

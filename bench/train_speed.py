@@ -18,6 +18,8 @@ import torch  # noqa: E402
 
 import gla  # noqa: E402
 import train  # noqa: E402
+from harness.context import setup_context  # noqa: E402
+from harness.stops import UsageError  # noqa: E402
 from bench.common import hf_twin, machine, time_interleaved  # noqa: E402
 
 SHAPES = ((16, 128), (8, 512))  # (sequences, tokens each) per training step
@@ -34,8 +36,8 @@ def main(argv=None):
     p.add_argument("--compile", action="store_true", help="torch.compile our models")
     args = p.parse_args(argv)
     try:
-        ctx = train.setup_context(args)  # train.py's device and dtype, checked the same way
-    except train.UsageError as e:
+        ctx = setup_context(args.device, args.dtype)  # train.py's device and dtype, checked the same way
+    except UsageError as e:
         p.error(str(e))
     device = ctx.device
     try:

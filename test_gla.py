@@ -38,7 +38,11 @@ import gla
 import kernels
 import plot
 import train
-from bench import common, decode_cpu, gpu_check, memory, roofline, sm90
+from bench import common, decode_cpu, gpu_check, roofline, sm90
+from bench import memory as memory_bench
+from harness import checkpoints, context, files, memory, preflight, progress, sampling, stops
+import harness.data
+from harness.data import TokenData, permute
 
 REPO = pathlib.Path(__file__).resolve().parent
 
@@ -250,7 +254,7 @@ def test_paper_plan(capsys, monkeypatch):
     # The paper-scale configs, not their memory: the 24 peaks of six 2.9B models on fake tensors take 20 s, and
     # test_a_run_that_cannot_fit_in_memory_is_refused_before_building measures one at this scale.
     monkeypatch.setattr(memory, "peak_bytes", lambda *args, **kwargs: 0)
-    assert memory.main(["--attn", "all", "--preset", "paper"]) == 0
+    assert memory_bench.main(["--attn", "all", "--preset", "paper"]) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert len(rows) == 6
     for row in rows:
@@ -541,7 +545,7 @@ def test_tensor_parallel_greedy_decode_matches_one_process(tmp_path, capsys):
     assert train.cli([*args[1:], "--tp", "1"]) == 0
     one = capsys.readouterr().out
     idx = torch.tensor([list(prompt.encode())])
-    expected = [train._bytes_to_text(m.generate(idx, n_new, temperature=0)[0].tolist()) for m in models]
+    expected = [sampling.ByteCodec().decode(m.generate(idx, n_new, temperature=0)[0].tolist()) for m in models]
     assert sampled_texts(one) == sampled_texts(two.stdout) == expected
 
     L = len(prompt) + n_new
@@ -637,10 +641,19 @@ def test_sampling_command_bad_input_is_one_line(tmp_path, capsys, monkeypatch):
     ids_run.mkdir(parents=True)
     save_run(ids_run / "ckpt.pt", small_model("gqa", block_size=32, vocab_size=512))
     (ids_run / "config.json").write_text(json.dumps({"data": {"source": "token files in shards"}}))
+    tiny_block = tmp_path / "block1.pt"
+    save_run(tiny_block, small_model("gqa", block_size=1))
+    cut_info = tmp_path / "cut" / "seed1"  # a good checkpoint beside a truncated config.json
+    cut_info.mkdir(parents=True)
+    save_run(cut_info / "ckpt.pt", small_model("gqa", block_size=32))
+    (cut_info / "config.json").write_text('{"data": {"sour')
     monkeypatch.setitem(sys.modules, "tiktoken", None)
     cases = [
         ([str(path), "--tp", "2"], {}, "--tp 2 needs 2 process(es), found WORLD_SIZE=1: launch torchrun"),
-        ([str(path), "--tp", "0"], {}, "--tp 0 needs 0 process(es)"),
+        ([str(path), "--tp", "0"], {}, "--tp must be 1 or more (processes), got 0"),
+        ([str(tiny_block)], {}, "block_size=1 leaves no room for a prompt and a new token"),
+        ([str(cut_info)], {}, "cannot read the data source from"),
+        ([str(path), "--max_iters", "5"], {}, "unrecognized arguments: --max_iters 5"),
         ([str(path), "--tp", "3"], {"WORLD_SIZE": "3", "RANK": "0"}, "tp=3 must divide n_head=8"),
         ([str(tmp_path / "none.pt")], {}, "no checkpoint at"),
         ([str(tmp_path / "junk.pt")], {}, "cannot read"),
@@ -665,12 +678,12 @@ def test_sampling_command_bad_input_is_one_line(tmp_path, capsys, monkeypatch):
 def test_text_codec_bytes_and_gpt2_ids(monkeypatch):
     monkeypatch.setitem(sys.modules, "tiktoken", None)  # as if not installed: ids in, ids out
     config = gla.make_config("tiny", "gqa", vocab_size=512)
-    codec = train.text_codec(config, "token files in edu_fineweb100B")
+    codec = sampling.text_codec(config, "token files in edu_fineweb100B")
     assert codec.encode("464 2068") == [464, 2068] and codec.decode([464, 2068]) == "464 2068"
-    with pytest.raises(train.UsageError, match="give --prompt as ids"):
+    with pytest.raises(stops.UsageError, match="give --prompt as ids"):
         codec.encode("The quick")
     for source in ("stdlib corpus (out/stdlib_corpus.txt)", None):  # no config.json: 256 tokens mean bytes
-        codec = train.text_codec(gla.make_config("tiny", "gqa"), source)
+        codec = sampling.text_codec(gla.make_config("tiny", "gqa"), source)
         assert codec.encode("é!") == [0xC3, 0xA9, 0x21]
         assert codec.decode([0xC3, 0xA9, 0xFF, 300]) == "é\\xff<300>"  # nothing drawn is hidden
 
@@ -1483,7 +1496,7 @@ SEED = 1337  # train.py's default --seed
 def corpus(tmp_path_factory):
     """The default stdlib corpus, built once per session (~5 s)."""
     d = tmp_path_factory.mktemp("corpus")
-    data = train.TokenData.load(None, d)
+    data = TokenData.load(None, d)
     assert data.n_tokens["train"] > 1_000_000 and data.n_tokens["val"] > 100_000
     return d / "stdlib_corpus.txt"
 
@@ -1533,15 +1546,15 @@ def test_training_on_default_corpus_lowers_val_loss(tmp_path, corpus, capsys):
 
 
 def test_batches_are_a_function_of_seed_and_step(text_file):
-    data = train.TokenData.load(str(text_file), None)
-    a = data.batch("train", 7, 4, 32, seed=1)
-    assert torch.equal(a[0], data.batch("train", 7, 4, 32, seed=1)[0])
-    assert not torch.equal(a[0], data.batch("train", 8, 4, 32, seed=1)[0])
-    assert not torch.equal(a[0], data.batch("train", 7, 4, 32, seed=2)[0])  # another seed, another order
-    assert not torch.equal(data.batch("val", 0, 4, 32, seed=1)[0], data.batch("val", 0, 4, 32, seed=2)[0])
-    assert not torch.equal(a[0], data.batch("val", 7, 4, 32, seed=1)[0])
+    data = TokenData.load(str(text_file), None)
+    a = train.get_batch(data, "train", 7, 4, 32, seed=1)
+    assert torch.equal(a[0], train.get_batch(data, "train", 7, 4, 32, seed=1)[0])
+    assert not torch.equal(a[0], train.get_batch(data, "train", 8, 4, 32, seed=1)[0])
+    assert not torch.equal(a[0], train.get_batch(data, "train", 7, 4, 32, seed=2)[0])  # another seed, another order
+    assert not torch.equal(train.get_batch(data, "val", 0, 4, 32, seed=1)[0], train.get_batch(data, "val", 0, 4, 32, seed=2)[0])
+    assert not torch.equal(a[0], train.get_batch(data, "val", 7, 4, 32, seed=1)[0])
     assert torch.equal(a[0][:, 1:], a[1][:, :-1])  # targets are the inputs shifted by one
-    parts = [data.batch("train", 7, 4, 32, seed=1, rank=r, world_size=2)[0] for r in range(2)]
+    parts = [train.get_batch(data, "train", 7, 4, 32, seed=1, rank=r, world_size=2)[0] for r in range(2)]
     assert torch.equal(torch.cat(parts), a[0])  # each process reads its own disjoint half
     raw = text_file.read_bytes()
     window = bytes(a[0][0].tolist())
@@ -1634,6 +1647,8 @@ def bad_inputs(tmp_path):
     stub = tmp_path / "stub"  # 8 bytes: the right magic and version, then nothing
     stub.mkdir()
     (stub / "fw_train_000001.bin").write_bytes(np.array([20240520, 1], dtype=np.int32).tobytes())
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
     write_tokens(stub / "fw_val_000000.bin", [1] * 600, [20240520, 1, 600])
     cases = {
         ("--attn", "foo"): "invalid choice",
@@ -1669,6 +1684,15 @@ def bad_inputs(tmp_path):
         ("--seeds", str(threads + 1), "--jobs", str(threads + 1)): f"at most {threads} seed(s) at once",
         ("--warmup_iters", "-1"): "--warmup_iters must be zero or more",
         ("--resume", "--overwrite"): "argument --overwrite: not allowed with argument --resume",
+        ("--attn", "all", "--double_heads"): "--double_heads picks one arm of a variant",
+        ("--attn", "gqa", "--kv_lora_rank", "16"): "GQA has none",
+        ("--out_dir", ""): "--out_dir is empty",
+        # The baseline builds; its double-heads twin, which --init coupled draws against, does not.
+        ("--attn", "mla", "--n_embd", "32", "--head_dim", "8", "--n_layer", "1", "--n_head", "6"): "mla_double_heads",
+        ("--data", str(loop)): "a broken or looping symbolic link",
+        ("--data", "/dev/null"): "not a regular file or folder",
+        ("--temperature", "0.5"): "unrecognized arguments: --temperature 0.5",
+        ("--tp", "2"): "unrecognized arguments: --tp 2",
     }
     if not torch.cuda.is_available():
         cases[("--device", "cuda")] = "CUDA is not available"
@@ -1684,7 +1708,8 @@ def test_bad_input_one_line_error_and_nothing_written(tmp_path, text_file, capsy
         err = capsys.readouterr().err
         assert one_line_error(err), (argv, err)
         assert words in err, (argv, err)
-        assert not list(out.glob("*/metrics.jsonl")) and not list(out.glob("*/ckpt.pt")), argv
+        assert not list(out.glob("**/metrics.jsonl")) and not list(out.glob("**/ckpt.pt")), argv
+        assert not list(out.glob("**/.lock")), argv  # refused before any run folder was claimed
 
 
 def test_bad_input_from_the_command_line(tmp_path):
@@ -1717,7 +1742,7 @@ def test_atomic_write_keeps_old_file_when_interrupted(tmp_path):
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        train.atomic_write({path: broken})
+        files.atomic_write({path: broken})
     assert path.read_bytes() == b"old" and os.listdir(tmp_path) == ["ckpt.pt"]
 
 
@@ -1745,6 +1770,35 @@ def test_sigkill_then_resume_gives_identical_metrics(tmp_path, text_file):
     assert strip_timing(resumed) == strip_timing(ref)  # bit-identical losses on CPU
 
 
+def test_metrics_without_a_checkpoint_are_never_erased_without_overwrite(tmp_path, text_file, capsys):
+    """A finished run whose ckpt.pt was deleted (to save disk, keeping the metrics for the figure): neither a plain
+    start nor --resume may empty its metrics.jsonl; one line names --overwrite. A run killed before its first
+    checkpoint (evaluations up to that iteration only) is started over by --resume."""
+    args = ["--attn", "gqa", "--data", str(text_file), "--max_iters", "20", "--eval_interval", "5",
+            "--ckpt_interval", "10", *TINY]
+    out = tmp_path / "out"
+    assert train.cli([*args, "--out_dir", str(out)]) == 0
+    folder = rdir(out, "gqa")
+    (folder / "ckpt.pt").unlink()
+    kept = (folder / "metrics.jsonl").read_bytes()
+    for extra in ([], ["--resume"]):
+        assert train.cli([*args, "--out_dir", str(out), *extra]) == 2
+        err = capsys.readouterr().err
+        assert one_line_error(err) and "holds 4 evaluations up to iteration 20 but no ckpt.pt" in err, err
+        assert "pass --overwrite to start it over" in err
+        assert (folder / "metrics.jsonl").read_bytes() == kept
+    assert train.cli([*args, "--out_dir", str(out), "--overwrite"]) == 0
+    assert [r["iter"] for r in metrics(out, "gqa")] == [5, 10, 15, 20]
+
+    early = [json.dumps(row) for row in metrics(out, "gqa")[:2]]  # a kill between the evaluation and the save at 10
+    (folder / "ckpt.pt").unlink()
+    (folder / "metrics.jsonl").write_text("\n".join(early) + "\n")
+    assert train.cli([*args, "--out_dir", str(out)]) == 2
+    assert "stopped before its first checkpoint; pass --resume" in capsys.readouterr().err
+    assert train.cli([*args, "--out_dir", str(out), "--resume"]) == 0
+    assert [r["iter"] for r in metrics(out, "gqa")] == [5, 10, 15, 20]
+
+
 def test_resume_drops_the_evaluations_past_its_checkpoint(tmp_path, text_file, monkeypatch):
     """A run stopped between a checkpoint and the next one leaves evaluations in
     metrics.jsonl that the checkpoint has not seen (and maybe half a line); resuming must
@@ -1770,7 +1824,7 @@ def test_resume_drops_the_evaluations_past_its_checkpoint(tmp_path, text_file, m
     with open(folder / "metrics.jsonl", "a") as f:
         f.write('{"iter": 21, "tok')  # and a line cut by the kill
     ckpt_iter = torch.load(folder / "ckpt.pt", weights_only=True)["iter"]
-    written = [r["iter"] for r in train.read_metrics(folder / "metrics.jsonl", 10**9)]
+    written = [r["iter"] for r in checkpoints.read_metrics(folder / "metrics.jsonl", 10**9)]
     assert ckpt_iter == stop // ckpt_interval * ckpt_interval == 10
     assert written == [7, 14] and written[-1] > ckpt_iter  # the case under test: an evaluation past the checkpoint
     monkeypatch.setattr(train, "train_step", real_step)
@@ -1831,7 +1885,7 @@ def test_full_disk_at_a_checkpoint_keeps_the_last_one_and_resume_matches(tmp_pat
     args = ["--attn", "gqa", "--data", str(text_file), "--max_iters", "30", "--eval_interval", "5", "--ckpt_interval",
             "10", *TINY]
     assert train.cli([*args, "--out_dir", str(tmp_path / "ref")]) == 0
-    real, checkpoints = train.atomic_write, []
+    real, checkpoints = files.atomic_write, []
 
     def full_at_the_second_checkpoint(writers):
         for path, write in list(writers.items()):
@@ -1841,7 +1895,7 @@ def test_full_disk_at_a_checkpoint_keeps_the_last_one_and_resume_matches(tmp_pat
                     writers[path] = lambda f: write(FullDisk(f, 1000))
         real(writers)
 
-    monkeypatch.setattr(train, "atomic_write", full_at_the_second_checkpoint)
+    monkeypatch.setattr(files, "atomic_write", full_at_the_second_checkpoint)
     out = tmp_path / "full"
     folder = rdir(out, "gqa")
     assert train.cli([*args, "--out_dir", str(out)]) == 1
@@ -1851,7 +1905,7 @@ def test_full_disk_at_a_checkpoint_keeps_the_last_one_and_resume_matches(tmp_pat
     assert torch.load(folder / "ckpt.pt", weights_only=True)["iter"] == 10  # the last one, whole
     assert not list(folder.glob(".*.pt.*"))
     assert [r["iter"] for r in metrics(out, "gqa")] == [5, 10, 15, 20]  # 15 and 20: past the checkpoint
-    monkeypatch.setattr(train, "atomic_write", real)  # room again
+    monkeypatch.setattr(files, "atomic_write", real)  # room again
     assert train.cli([*args, "--out_dir", str(out), "--resume"]) == 0
     assert strip_timing(metrics(out, "gqa")) == strip_timing(metrics(tmp_path / "ref", "gqa"))
 
@@ -1862,7 +1916,7 @@ def test_a_failed_metrics_append_is_one_line_naming_the_file(tmp_path, text_file
             raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
         return open(path, mode, *args, **kwargs)
 
-    monkeypatch.setattr(train, "open", read_only, raising=False)
+    monkeypatch.setattr(files, "open", read_only, raising=False)
     out = tmp_path / "out"
     argv = ["--attn", "gqa", "--data", str(text_file), "--max_iters", "5", "--eval_interval", "5", *TINY]
     assert train.cli([*argv, "--out_dir", str(out)]) == 1
@@ -1876,22 +1930,22 @@ def test_a_disk_without_room_for_the_runs_is_refused_before_anything_is_written(
     out = tmp_path / "out"
     argv = ["--attn", "all", "--out_dir", str(out), "--data", str(text_file), *FAST]
     args = train.get_args(argv)
-    configs = [train.model_config(args, v, d) for v, d in train.models_of(args)]
-    sizes = [12 * gla.GPT(c).num_params() + train.CKPT_SLACK for c in configs]
+    runs = [(train.run_dir(out, v, d, s), train.model_config(args, v, d)) for v, d, s in train.runs_of(args)]
+    sizes = [12 * gla.GPT(c).num_params() + preflight.CKPT_SLACK for _, c in runs]
     # every checkpoint, a copy of the largest while it is replaced, 4 metrics rows (iterations 10, 20, 30) per run
-    need = sum(sizes) + max(sizes) + 6 * 4 * train.METRICS_ROW_BYTES
+    need = sum(sizes) + max(sizes) + 6 * 4 * preflight.METRICS_ROW_BYTES
     free = [need]
-    monkeypatch.setattr(train.shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**12, 0, free[0]))
+    monkeypatch.setattr(preflight.shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**12, 0, free[0]))
     out.mkdir()
-    train.check_disk(args, configs, jobs=1)  # room enough
+    preflight.check_disk(out, runs, 4, jobs=1)  # room enough
     free[0] = need - 1
-    with pytest.raises(train.UsageError, match="6 run"):
-        train.check_disk(args, configs, jobs=1)
+    with pytest.raises(stops.UsageError, match="6 run"):
+        preflight.check_disk(out, runs, 4, jobs=1)
     rdir(out, "gqa").mkdir(parents=True)
     (rdir(out, "gqa") / "ckpt.pt").write_bytes(b"\0" * 1000)  # a run already there needs less
-    train.check_disk(args, configs, jobs=1)
-    with pytest.raises(train.UsageError):  # two --jobs processes may replace their checkpoints at once
-        train.check_disk(args, configs, jobs=2)
+    preflight.check_disk(out, runs, 4, jobs=1)
+    with pytest.raises(stops.UsageError):  # two --jobs processes may replace their checkpoints at once
+        preflight.check_disk(out, runs, 4, jobs=2)
     shutil.rmtree(out)
     free[0] = 2**20
     assert train.cli(argv) == 2
@@ -1952,7 +2006,10 @@ def test_sigint_checkpoints_and_resume_gives_identical_metrics(tmp_path, text_fi
     assert strip_timing(metrics(out, "gla2")) == strip_timing(metrics(tmp_path / "ref", "gla2"))
 
 
-def test_ctrl_c_stops_every_jobs_worker_at_a_checkpoint_and_resume_finishes(tmp_path, text_file):
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_to_the_group_stops_every_jobs_worker_at_a_checkpoint_and_resume_finishes(tmp_path, text_file,
+                                                                                          signum):
+    """Ctrl-C on a terminal, and `timeout`, Slurm or systemd (SIGTERM), signal the whole process group."""
     out = tmp_path / "out"
     args = ["--attn", "all", "--data", str(text_file), "--max_iters", "12", "--eval_interval", "4", *TINY,
             "--seeds", "2", "--jobs", "2", "--out_dir", str(out)]
@@ -1964,12 +2021,12 @@ def test_ctrl_c_stops_every_jobs_worker_at_a_checkpoint_and_resume_finishes(tmp_
     try:
         while not all(map(has_rows, rows)) and time.time() < deadline and proc.poll() is None:
             time.sleep(0.02)
-        os.killpg(proc.pid, signal.SIGINT)
+        os.killpg(proc.pid, signum)
         err = proc.communicate(timeout=120)[1]
-    finally:  # a pool that lost a worker waits for it forever
+    finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 130 and "Traceback" not in err and len(err.splitlines()) == 1, err
+    assert proc.returncode == 128 + signum and "Traceback" not in err and len(err.splitlines()) == 1, err
     stops = re.findall(r"(\w+) seed (\d+): interrupted at iteration (\d+)", err)
     assert sorted(int(seed) for _, seed, _ in stops) == [SEED, SEED + 1], err  # each worker stopped, checkpointed
     for run, seed, at in stops:
@@ -1978,6 +2035,71 @@ def test_ctrl_c_stops_every_jobs_worker_at_a_checkpoint_and_resume_finishes(tmp_
     assert train.cli(args + ["--resume"]) == 0
     for folder in out.glob("*/seed*"):
         assert [json.loads(line)["iter"] for line in (folder / "metrics.jsonl").open()] == [4, 8, 12], folder
+
+
+def alive(pid):
+    """The process runs (a zombie, exited but not yet reaped, counts as gone)."""
+    try:
+        return pathlib.Path(f"/proc/{pid}/stat").read_text().split(")")[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def lock_is_free(folder):
+    """Nobody holds the run folder's lock: we can take it."""
+    import fcntl
+    with open(folder / ".lock", "a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        fcntl.flock(f, fcntl.LOCK_UN)
+    return True
+
+
+@pytest.mark.parametrize("victim", ["worker", "parent"])
+def test_a_killed_jobs_process_ends_the_job_and_resume_is_exact(tmp_path, text_file, capsys, victim):
+    """kill -9 of a --jobs worker (the OOM killer, say): the parent sees it at once, the other worker checkpoints,
+    one line names the run and the signal, exit 1. kill -9 of the parent: its workers die with it (nothing trains on
+    without the lock). Either way: no process left, no lock held, every checkpoint loads, --resume is exact."""
+    args = ["--attn", "gqa", "--data", str(text_file), "--max_iters", "400", "--eval_interval", "10",
+            "--ckpt_interval", "10", *TINY, "--seeds", "2", "--jobs", "2"]
+    assert train.cli([*args, "--out_dir", str(tmp_path / "ref")]) == 0
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "train.py", *args, "--out_dir", str(out)], cwd=REPO,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    children = pathlib.Path(f"/proc/{proc.pid}/task/{proc.pid}/children")
+    rows = [rdir(out, "gqa", seed) / "metrics.jsonl" for seed in (SEED, SEED + 1)]
+    deadline = time.time() + 120
+    try:
+        while not all(map(has_rows, rows)) and time.time() < deadline and proc.poll() is None:
+            time.sleep(0.02)
+        children_pids = [int(pid) for pid in children.read_text().split()]
+        # The workers, not multiprocessing's resource tracker.
+        workers = [pid for pid in children_pids if b"spawn_main" in pathlib.Path(f"/proc/{pid}/cmdline").read_bytes()]
+        assert len(workers) == 2, "the workers never started; the test proves nothing"
+        os.kill(workers[0] if victim == "worker" else proc.pid, signal.SIGKILL)
+        err = proc.communicate(timeout=120)[1]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    if victim == "worker":
+        assert proc.returncode == 1 and one_line_error(err), err
+        assert re.search(r"the worker process training gqa seed 133[78] was killed by SIGKILL", err), err
+    else:
+        assert proc.returncode == -signal.SIGKILL
+    deadline = time.time() + 30
+    while any(map(alive, workers)) and time.time() < deadline:
+        time.sleep(0.05)
+    assert not any(map(alive, workers)), "a worker outlived the job"
+    for seed in (SEED, SEED + 1):
+        folder = rdir(out, "gqa", seed)
+        assert lock_is_free(folder)
+        if (folder / "ckpt.pt").exists():
+            assert 0 < torch.load(folder / "ckpt.pt", weights_only=True)["iter"] < 400  # whole, and not finished
+    assert train.cli([*args, "--out_dir", str(out), "--resume"]) == 0
+    for seed in (SEED, SEED + 1):
+        assert strip_timing(metrics(out, "gqa", seed)) == strip_timing(metrics(tmp_path / "ref", "gqa", seed))
 
 
 def test_resume_refuses_a_different_setup(tmp_path, text_file, capsys):
@@ -2002,7 +2124,7 @@ def test_corrupt_checkpoint_is_a_one_line_error(tmp_path, text_file, capsys):
     assert train.cli(["--out_dir", str(out), "--data", str(text_file), "--resume", *FAST]) == 2
     err = capsys.readouterr().err
     assert one_line_error(err) and "not a readable checkpoint" in err, err
-    assert train.read_metrics(rdir(out, "gqa") / "metrics.jsonl", 100) == []  # odd lines are skipped, not fatal
+    assert checkpoints.read_metrics(rdir(out, "gqa") / "metrics.jsonl", 100) == []  # odd lines are skipped, not fatal
 
 
 def test_resume_frees_the_loaded_checkpoint(tmp_path, text_file, monkeypatch):
@@ -2020,7 +2142,7 @@ def test_resume_frees_the_loaded_checkpoint(tmp_path, text_file, monkeypatch):
     assert train.cli(argv) == 130  # stopped at once, as by a second Ctrl-C
     assert torch.load(rdir(out, "mla") / "ckpt.pt", weights_only=True)["iter"] == 10
 
-    real_load, loaded = train.load_checkpoint, []
+    real_load, loaded = checkpoints.load_checkpoint, []
 
     def spy(*args):
         ckpt = real_load(*args)
@@ -2031,7 +2153,7 @@ def test_resume_frees_the_loaded_checkpoint(tmp_path, text_file, monkeypatch):
         assert loaded and loaded[0]() is None, "the loaded checkpoint is still held while training resumes"
         return real_step(*args)
 
-    monkeypatch.setattr(train, "load_checkpoint", spy)
+    monkeypatch.setattr(checkpoints, "load_checkpoint", spy)
     monkeypatch.setattr(train, "train_step", check_freed)
     assert train.cli(argv + ["--resume"]) == 0
     assert [r["iter"] for r in metrics(out, "mla")] == [10, 20, 30]
@@ -2040,12 +2162,12 @@ def test_resume_frees_the_loaded_checkpoint(tmp_path, text_file, monkeypatch):
 def test_load_state_errors_are_one_line():
     model = gla.GPT(gla.make_config("tiny", "gqa"))
     state = model.state_dict()
-    with pytest.raises(train.UsageError,
+    with pytest.raises(stops.UsageError,
                        match=r"^run.pt: the weights do not fit this model \(missing: blocks.0.attn.wq.weight\)$"):
-        train.load_state(model, {k: v for k, v in state.items() if k != "blocks.0.attn.wq.weight"}, "run.pt")
+        checkpoints.load_state(model, {k: v for k, v in state.items() if k != "blocks.0.attn.wq.weight"}, "run.pt")
     wrong = dict(state, **{"norm.weight": torch.ones(3)})
-    with pytest.raises(train.UsageError, match=r"shape differs: norm.weight \(3,\) vs \(256,\)"):
-        train.load_state(model, wrong, "run.pt")
+    with pytest.raises(stops.UsageError, match=r"shape differs: norm.weight \(3,\) vs \(256,\)"):
+        checkpoints.load_state(model, wrong, "run.pt")
 
 
 def test_lr_schedule_warmup_then_cosine_to_a_tenth():
@@ -2060,8 +2182,8 @@ def test_lr_schedule_warmup_then_cosine_to_a_tenth():
 def test_spec_differences_name_changed_keys_and_ignore_removed_settings():
     saved = {"model": {"n_head": 4}, "train": {"seed": 1, "decay": "all"}}  # "decay": a flag train.py no longer has
     current = {"model": {"n_head": 8}, "train": {"seed": 1, "init": "coupled"}}
-    assert train.spec_differences(saved, current) == ["model.n_head: 4 -> 8", "train.init: None -> 'coupled'"]
-    assert train.spec_differences(current, current) == []
+    assert checkpoints.spec_differences(saved, current) == ["model.n_head: 4 -> 8", "train.init: None -> 'coupled'"]
+    assert checkpoints.spec_differences(current, current) == []
 
 
 def test_optimizer_and_init_follow_the_spec():
@@ -2117,7 +2239,7 @@ def _windows_of(data, split, steps, batch_size, block_size, seed, rank=0, world_
     tokens = data.splits[split][0]
     starts = []
     for step in steps:
-        x, y = data.batch(split, step, batch_size, block_size, seed, rank, world_size)
+        x, y = train.get_batch(data, split, step, batch_size, block_size, seed, rank, world_size)
         for row, target in zip(x.numpy(), y.numpy()):
             (offset,) = [o for o in range(0, len(tokens) - block_size, block_size)
                          if (tokens[o:o + block_size] == row).all() and tokens[o + block_size] == target[-1]]
@@ -2127,7 +2249,7 @@ def _windows_of(data, split, steps, batch_size, block_size, seed, rank=0, world_
 
 def test_one_pass_reads_every_window_once_and_the_next_pass_reorders():
     tokens = np.random.default_rng(0).integers(0, 256, 1000).astype(np.uint8)  # a window shows where it is
-    data = train.TokenData([tokens], [tokens[:300]], "test", "f")
+    data = TokenData([tokens], [tokens[:300]], "test", "f")
     n = int(data.windows("train", 16).sum())
     assert n == (1000 - 1) // 16 == 62
     starts = _windows_of(data, "train", range(2 * n // 4 + 1), 4, 16, seed=3)  # batches of 4 straddle the passes
@@ -2140,7 +2262,7 @@ def test_one_pass_reads_every_window_once_and_the_next_pass_reorders():
 
 def test_two_processes_read_disjoint_halves_of_each_batch():
     tokens = np.random.default_rng(1).integers(0, 256, 2000).astype(np.uint8)
-    data = train.TokenData([tokens], [tokens[:300]], "test", "f")
+    data = TokenData([tokens], [tokens[:300]], "test", "f")
     both = _windows_of(data, "train", range(5), 8, 16, seed=1)
     ranks = [_windows_of(data, "train", range(5), 8, 16, seed=1, rank=r, world_size=2) for r in range(2)]
     assert not set(ranks[0]) & set(ranks[1])
@@ -2149,10 +2271,10 @@ def test_two_processes_read_disjoint_halves_of_each_batch():
 
 def test_permutation_is_a_bijection_without_a_table():
     for n in (1, 2, 3, 5, 64, 1000, 4097):
-        p = train.permute(np.arange(n), n, (7, False, 0))
+        p = permute(np.arange(n), n, (7, False, 0))
         assert sorted(p.tolist()) == list(range(n)), n
     n = 48_000_000  # the paper's windows: evaluated where asked, at no memory cost
-    p = train.permute(np.arange(10_000_000, 10_000_480), n, (1337, False, 0))
+    p = permute(np.arange(10_000_000, 10_000_480), n, (1337, False, 0))
     assert len(set(p.tolist())) == 480 and 0 <= p.min() and p.max() < n
 
 
@@ -2172,10 +2294,10 @@ def test_run_reports_its_passes_and_paper_refuses_to_repeat(tmp_path, text_file,
     err = capsys.readouterr().err
     assert one_line_error(err) and "5,120 tokens per run are 1.03 passes over the 4,992" in err, err
     assert "--allow_repeats" in err and not list(out.glob("paper/*/*/metrics.jsonl"))
-    data = train.TokenData.load(str(shards), None)
+    data = TokenData.load(str(shards), None)
     for argv, report in ([["--max_iters", "19"], "4,864 tokens per run = 0.97 passes over 4,992"],
                          [["--max_iters", "20", "--allow_repeats"], "5,120 tokens per run = 1.03 passes over 4,992"]):
-        assert train.check_passes(train.get_args([*small_paper, *argv]), data, 32) == report
+        assert preflight.check_passes(train.get_args([*small_paper, *argv]), data, 32) == report
 
 
 def test_seed_range_both_ends():
@@ -2232,10 +2354,10 @@ def test_measured_peak_memory_counts_what_a_step_holds():
 def test_memory_plan_gives_peaks_and_the_largest_micro_batch(capsys, monkeypatch):
     argv = ["--attn", "gla2", "--double_heads", "--block_size", "64", "--batch_size", "48", "--grad_accum", "3"]
     monkeypatch.setenv("WORLD_SIZE", "4")  # the default of --world_size
-    assert memory.main(argv) == 0
+    assert memory_bench.main(argv) == 0
     monkeypatch.delenv("WORLD_SIZE")
     argv += ["--world_size", "4"]
-    assert memory.main(argv) == 0
+    assert memory_bench.main(argv) == 0
     line, again = map(json.loads, capsys.readouterr().out.splitlines())
     assert line == again
     config = gla.make_config("tiny", "gla2", double_heads=True, block_size=64)
@@ -2246,27 +2368,27 @@ def test_memory_plan_gives_peaks_and_the_largest_micro_batch(capsys, monkeypatch
     # A device with room for 5 sequences per micro-batch: 12 per process -> the largest divisor that fits is 4.
     five, six = (memory.train_peak(config, m, 12, bf16, True) for m in (5, 6))
     gib = (five + six) / 2 / (1 - memory.MEMORY_MARGIN) / 2**30
-    assert memory.main([*argv, "--device_memory", str(gib)]) == 0
+    assert memory_bench.main([*argv, "--device_memory", str(gib)]) == 0
     line = json.loads(capsys.readouterr().out)
     assert line["max_micro_batch"] == 4 and line["grad_accum"] == 3
-    assert memory.main([*argv, "--device_memory", "1e-6"]) == 0
+    assert memory_bench.main([*argv, "--device_memory", "1e-6"]) == 0
     assert json.loads(capsys.readouterr().out)["max_micro_batch"] == 0
-    assert memory.main([*argv, "--device", "cpu"]) == 0  # train.py's --device, not an abbreviated --device_memory
+    assert memory_bench.main([*argv, "--device", "cpu"]) == 0  # train.py's --device, not an abbreviated --device_memory
     assert json.loads(capsys.readouterr().out)["dtype"] == "float32"
     for bad, match in [(["--world_size", "5"], "--batch_size 48 is not divisible by 5 process(es)"),
                        (["--world_size", "x"], "invalid int value"), (["--device_memory", "0"], "must be positive"),
                        (["--attn", "gla0"], "invalid choice")]:
-        assert memory.main([*argv, *bad]) == 2
+        assert memory_bench.main([*argv, *bad]) == 2
         err = capsys.readouterr().err
         assert match in err and err.count("\n") == 1 and err.startswith("bench/memory.py: error:"), err
 
 
 def test_evaluation_runs_in_training_micro_batches(text_file):
-    data = train.TokenData.load(str(text_file), None)
+    data = TokenData.load(str(text_file), None)
     model = gla.GPT(gla.make_config("tiny", "gqa", block_size=32)).eval()
     seen = []
     model.register_forward_pre_hook(lambda module, inputs: seen.append(inputs[0].shape[0]))
-    ctx = train.Context(torch.device("cpu"), torch.float32)
+    ctx = context.Context(torch.device("cpu"), torch.float32)
     args = train.get_args(["--batch_size", "8", "--eval_iters", "3"])
     whole = train.evaluate(model, data, args, ctx, 32)
     assert seen == [8] * 3
@@ -2278,18 +2400,18 @@ def test_evaluation_runs_in_training_micro_batches(text_file):
 
 def test_only_rank_zero_reads_and_checks_the_data(text_file, monkeypatch):
     sent = []
-    monkeypatch.setattr(train.dist, "broadcast_object_list", lambda objs, src: objs.__setitem__(
+    monkeypatch.setattr(preflight.dist, "broadcast_object_list", lambda objs, src: objs.__setitem__(
         slice(None), [None, ("f00d", "passes from rank 0")]) or sent.append(src))
-    monkeypatch.setattr(train.TokenData, "check", lambda *a: pytest.fail("rank 1 scanned the data"))
-    monkeypatch.setattr(train.hashlib, "sha256", lambda *a: pytest.fail("rank 1 hashed the data"))
+    monkeypatch.setattr(TokenData, "check", lambda *a: pytest.fail("rank 1 scanned the data"))
+    monkeypatch.setattr(harness.data.hashlib, "sha256", lambda *a: pytest.fail("rank 1 hashed the data"))
     args = train.get_args(["--data", str(text_file)])
-    ctx = train.Context(torch.device("cpu"), torch.float32, rank=1, world_size=2)
-    data, passes = train.load_data(args, ctx, 64, 256)
+    ctx = context.Context(torch.device("cpu"), torch.float32, rank=1, world_size=2)
+    data, passes = preflight.load_data(args, ctx, 64, 256)
     assert sent == [0] and data.fingerprint == "f00d" and passes == "passes from rank 0"
-    monkeypatch.setattr(train.dist, "broadcast_object_list", lambda objs, src: objs.__setitem__(
+    monkeypatch.setattr(preflight.dist, "broadcast_object_list", lambda objs, src: objs.__setitem__(
         slice(None), ["rank 0 found a bad token", None]))
-    with pytest.raises(train.UsageError, match="rank 0 found a bad token"):
-        train.load_data(args, ctx, 64, 256)
+    with pytest.raises(stops.UsageError, match="rank 0 found a bad token"):
+        preflight.load_data(args, ctx, 64, 256)
 
 
 def test_errors_under_torchrun_name_their_rank(capsys, monkeypatch):
@@ -2324,10 +2446,10 @@ def test_llm_c_shards_are_read_in_sequence(tmp_path):
     for i in range(3):  # shard i holds tokens 100 i .. 100 i + 49: a window shows its shard
         write_tokens(d / f"fw_train_{i:06d}.bin", 100 * i + np.arange(500) % 50, [20240520, 1, 500])
     write_tokens(d / "fw_val_000000.bin", 7 + np.arange(300) % 3, [20240520, 1, 300])
-    data = train.TokenData.load(str(d), None)
+    data = TokenData.load(str(d), None)
     data.check(block_size=32, vocab_size=50304)
     assert data.n_tokens == {"train": 1500, "val": 300}
-    x, y = data.batch("train", 0, 64, 32, seed=0)
+    x, y = train.get_batch(data, "train", 0, 64, 32, seed=0)
     shard = x // 100
     assert (shard == shard[:, :1]).all()  # no window crosses two shards
     assert set(shard[:, 0].tolist()) == {0, 1, 2}  # all shards are used
@@ -2419,3 +2541,72 @@ def test_coupled_init_is_part_of_the_run(tmp_path, text_file, capsys):
     assert ckpt["config"]["train"]["init"] == "coupled"
     assert train.cli([*argv, "--init", "independent", "--resume", "--max_iters", "4"]) == 2
     assert "train.init: 'coupled' -> 'independent'" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------
+# The whole job's estimate (harness/progress.py)
+
+
+class FakeClock:
+    """time.time for harness.progress, moved by hand."""
+
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_training_flops_per_token_counts_parameters_and_attention():
+    config = gla.make_config("tiny", "gqa")
+    n_params = gla.GPT(config).num_params()
+    attention = 6 * config.n_layer * config.n_head * config.block_size * 2 * config.head_dim
+    assert progress.training_flops_per_token(config) == 6 * n_params + attention
+    mla = gla.make_config("tiny", "mla")
+    d_qk = mla.qk_nope_head_dim + mla.qk_rope_head_dim
+    attention = 6 * mla.n_layer * mla.n_head * mla.block_size * (d_qk + mla.v_head_dim)
+    assert progress.training_flops_per_token(mla) == 6 * gla.GPT(mla).num_params() + attention
+
+
+def test_the_estimate_counts_each_slots_rate_and_what_each_run_has_left(monkeypatch):
+    """Two processes side by side, the second twice as slow per FLOP: the job ends when the second does. A resumed
+    run counts only its steps left (and their evaluations)."""
+    clock = FakeClock()
+    monkeypatch.setattr(progress.time, "time", clock)
+    config = gla.make_config("tiny", "gqa", n_embd=64, head_dim=16)
+    fresh = progress.plan_run("gqa seed 1", config, 100, 4, 25, 2, 100)
+    resumed = progress.plan_run("gqa seed 2", config, 30, 4, 25, 2, 100)
+    assert (fresh.evals, resumed.evals) == (4, 2)  # 25, 50, 75, 100; and 75, 100 of a run resumed at 70
+    assert fresh.eval_flops == pytest.approx(fresh.step_flops / 3 * 2)  # a forward of eval_iters batches
+    job = progress.JobProgress([[fresh, fresh], [resumed]], tokens_per_step=4 * 128)
+    job.begin_run(0)
+    job.begin_run(1)
+    lines = []
+    for k in range(11):  # slot 0: a step a second; slot 1: a step every two seconds
+        job.stepped(0)
+        if k % 2 == 0:
+            job.stepped(1)
+        clock.now += 1
+        job.tick(lines.append)
+    assert job.seconds_left() is not None and len(lines) == 1
+    left = job.seconds_left()[0]
+    # Rates count from the end of each slot's first step (it compiles and warms up) to now, 11 s later: 10 steps
+    # in slot 0, 5 in slot 1.
+    slot0 = (job.total_flops(0) - 11 * fresh.step_flops) / (10 * fresh.step_flops / 11)
+    slot1 = (job.total_flops(1) - 6 * resumed.step_flops) / (5 * resumed.step_flops / 11)
+    assert slot0 > slot1  # the first slot has more left, although it runs faster
+    assert left == pytest.approx(slot0, rel=1e-9)
+    assert lines[0].startswith("estimate: 3 run(s) of 30/100 steps, 117,760 tokens; 2 processes side by side")
+    assert re.search(r"about \d+(\.\d)? min in all", lines[0]), lines[0]
+
+
+def test_train_prints_the_estimate_after_its_first_steps(tmp_path, text_file, capsys, monkeypatch):
+    monkeypatch.setattr(progress, "ESTIMATE_AFTER_S", 0.0)
+    args = ["--attn", "all", "--data", str(text_file), "--max_iters", "10", "--eval_interval", "5", *TINY,
+            "--out_dir", str(tmp_path)]
+    assert train.cli(args) == 0
+    out = capsys.readouterr().out
+    estimates = [line for line in out.splitlines() if line.startswith("estimate:")]
+    assert len(estimates) == 1 and "6 run(s) of 10 steps, 3,840 tokens; one process" in estimates[0], out
+    first_run_done = out.index("gqa seed 1337 iter 10:")
+    assert out.index("estimate:") < first_run_done  # within the first run: before the wait, not after

@@ -246,7 +246,11 @@ def train_run(args, variant, double_heads, data, ctx, stop, job, slot, log):
 
     # Resume: weights, AdamW's state, the step and the running train loss. The data needs nothing: batch s is a
     # function of (seed, s).
-    step, elapsed, loss_sum, loss_count, rows = 0, 0.0, 0.0, 0, []
+    step = 0
+    elapsed = 0.0  # seconds trained before this process
+    loss_sum = 0.0  # the train losses since the last evaluation, which reports their mean
+    loss_count = 0
+    rows = []  # the evaluations so far, metrics.jsonl's rows
     if args.resume and run.ckpt_path.exists():
         ckpt = checkpoints.load_checkpoint(run.ckpt_path, spec)
         checkpoints.load_state(model, ckpt["model"], f"cannot resume {run.ckpt_path}")
@@ -324,7 +328,8 @@ def train_run(args, variant, double_heads, data, ctx, stop, job, slot, log):
                 row = dict(iter=step, tokens=step * tokens_per_step, train_loss=loss_sum / loss_count,
                            val_loss=val_loss, lr=lr, elapsed_s=round(elapsed, 3),
                            tokens_per_s=round(step * tokens_per_step / elapsed, 1))
-                loss_sum, loss_count = 0.0, 0
+                loss_sum = 0.0
+                loss_count = 0
                 rows.append(row)
                 run.append_metrics(row)
                 if ctx.master:
@@ -390,8 +395,9 @@ def main(argv=None, stop=None):
             model_config(args, variant, not double_heads)
     preflight.check_batch(args, int(os.environ.get("WORLD_SIZE", 1)))
     folders = [run_dir(args.out_dir, *run) for run in runs_of(args)]
+    first_checkpoint = min(args.ckpt_interval, args.max_iters)
     for folder in folders:
-        checkpoints.check_existing_run(folder, args.resume, args.overwrite, args.ckpt_interval)
+        checkpoints.check_existing_run(folder, args.resume, args.overwrite, first_checkpoint)
     ctx = setup_context(args.device, args.dtype)
     n_jobs = preflight.jobs_of(args, ctx)
     per_process = args.batch_size // ctx.world_size

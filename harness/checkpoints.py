@@ -142,13 +142,15 @@ def read_metrics(path, up_to_iter=None):
     return rows
 
 
-def check_existing_run(folder, resume, overwrite, ckpt_interval):
+def check_existing_run(folder, resume, overwrite, first_checkpoint):
     """Refuse (UsageError) to touch a run folder that holds saved work unless told what to do with it:
     - a checkpoint: --resume continues it, --overwrite starts it over;
-    - evaluations but no checkpoint: if they reach a checkpoint's iteration, the checkpoint was deleted (to save disk,
-      keeping the metrics for the figure, say): --resume cannot continue it and must not erase them, so only
-      --overwrite starts it over; if they stop before the first checkpoint, a kill came before it: --resume starts
-      over, losing nothing a checkpoint could have kept."""
+    - evaluations past the first checkpoint's iteration (first_checkpoint: min(--ckpt_interval, --max_iters)) but no
+      checkpoint: it was deleted (to save disk, keeping the metrics for the figure, say); --resume cannot continue
+      the run and must not erase its metrics, so only --overwrite starts it over;
+    - evaluations up to the first checkpoint's iteration and no checkpoint: a kill came before that checkpoint was
+      written (or between its evaluation and its save); --resume starts the run over, losing nothing a checkpoint
+      kept."""
     if overwrite:
         return
     has_checkpoint = (folder / "ckpt.pt").exists()
@@ -159,7 +161,7 @@ def check_existing_run(folder, resume, overwrite, ckpt_interval):
     if has_checkpoint or not rows:
         return
     last = max(row["iter"] for row in rows)
-    if last >= ckpt_interval:
+    if last > first_checkpoint:
         raise UsageError(f"{folder} holds {len(rows)} evaluations up to iteration {last} but no ckpt.pt: --resume "
                          "cannot continue it; pass --overwrite to start it over (its metrics are lost), or another "
                          "--out_dir")

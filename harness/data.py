@@ -123,8 +123,7 @@ class TokenData:
             check_out_dir(cache_dir)
             path = pathlib.Path(cache_dir) / "stdlib_corpus.txt"
             if not path.exists():
-                corpus = stdlib_corpus()
-                atomic_write({path: lambda f: f.write(corpus)})
+                atomic_write({path: stdlib_corpus()})
             return cls.from_bytes(path.read_bytes(), f"stdlib corpus ({path})", fingerprint)
         path = pathlib.Path(spec)
         if path.is_file():
@@ -178,7 +177,8 @@ class TokenData:
         """The windows that global rows `rows` (int64, row j of the whole run's sequence of batches) read: row j is
         position j mod N of pass j // N over the split's N windows, each pass in the order of a permutation keyed by
         (seed, split, pass). (len(rows), block_size + 1) int64."""
-        arrays, counts = self.splits[split], self.windows(split, block_size)
+        arrays = self.splits[split]
+        counts = self.windows(split, block_size)
         n = int(counts.sum())
         passes, positions = np.divmod(rows, n)
         window = np.empty_like(positions)

@@ -2,8 +2,10 @@
 
 A tiny model uses a CPU core poorly from two threads, so on a CPU train.py trains its seeds in parallel, one process
 of one thread each. What the parent guarantees:
-- it holds every run's lock for the whole job; a worker whose parent died (kill -9) reads as stopped (StopFlag) and
-  checkpoints and ends after its step, so nothing trains on without the lock;
+- it holds every run's lock for the whole job; on Linux the kernel kills a worker the moment its parent dies
+  (kill -9 of the parent: PR_SET_PDEATHSIG), so nothing writes a run folder without the lock, and a kill -9 of the
+  parent is one of the whole job: --resume continues from the last checkpoints. Elsewhere an orphan reads as
+  stopped (StopFlag) and checkpoints and ends after its step;
 - a signal to the parent alone or to the whole process group (Ctrl-C, `timeout`, Slurm, systemd) stops every worker
   at a checkpoint: exit status 128 + signal, as one process;
 - a worker that dies (kill -9, the OOM killer) or fails is seen at once: the others checkpoint and stop, and one line
@@ -13,6 +15,7 @@ of one thread each. What the parent guarantees:
 We use multiprocessing.Process with connection.wait rather than a pool: ProcessPoolExecutor does detect a lost
 worker (BrokenProcessPool) but cannot say which one died or by which signal, and a Pool never notices one.
 """
+import ctypes
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -28,6 +31,7 @@ from harness.stops import Interrupted, RunError, StopFlag, UsageError, stop_on_s
 
 JOIN_TIMEOUT_S = 600  # how long a stopped worker may take to finish its step and checkpoint before we kill it
 TICK_S = 1.0  # how often the parent wakes to report progress
+PR_SET_PDEATHSIG = 1  # prctl's option: the signal a process gets when its parent dies (linux/prctl.h)
 
 
 class PipeLog:
@@ -43,9 +47,22 @@ class PipeLog:
             pass
 
 
+def die_with_parent(parent_pid):
+    """Linux: ask the kernel to SIGKILL this process when its parent dies; exit now if it has died already. Elsewhere
+    (no prctl) nothing: StopFlag's parent check stops an orphan after its step."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent_pid:  # the parent died before prctl
+        os._exit(128 + signal.SIGKILL)
+
+
 def _worker(train_seeds, args, seeds, ctx, fingerprint, shared_stop, parent_pid, progress, slot, connection):
     """One worker process: train_seeds(args, seeds, data, ctx, stop, progress, slot, log) on ctx.threads threads.
     Its outcome, ("done" | "interrupted" | "usage" | "run", message), goes to the parent; then it exits."""
+    die_with_parent(parent_pid)
     stop = StopFlag(shared_stop, parent_pid)
     outcome = ("done", "")
     status = 0

@@ -131,6 +131,8 @@ class JobProgress:
             rate = (self.state[base + COST] - self.state[base + FIRST_COST]) / seconds
             rates.append((rate, steps / seconds))
             left = max(left, todo / rate)
+        if not rates:  # the job is done
+            return None
         return left, rates
 
     def fraction_done(self):

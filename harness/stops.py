@@ -51,6 +51,7 @@ class StopFlag:
     def __init__(self, shared=None, parent_pid=None):
         self.value = ctypes.c_int(0) if shared is None else shared
         self.parent_pid = parent_pid
+        self.received = 0  # signals this process received: its own, not shared
 
     @property
     def signum(self):
@@ -65,11 +66,14 @@ class StopFlag:
 @contextmanager
 def stop_on_signals(stop):
     """While inside: SIGINT (Ctrl-C) and SIGTERM set `stop` (each run checkpoints after its step and stops); a second
-    one raises KeyboardInterrupt at once, each run's last checkpoint kept."""
+    one to this process raises KeyboardInterrupt at once, each run's last checkpoint kept. (A signal to the whole
+    process group reaches each --jobs process once: it is a first signal in each, whoever set the shared flag.)"""
     def handle(signum, frame):
-        if stop.value.value:
+        stop.received += 1
+        if stop.received > 1:
             raise KeyboardInterrupt
-        stop.set(signum)
+        if not stop.value.value:
+            stop.set(signum)
     previous = {s: signal.signal(s, handle) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield

@@ -2466,6 +2466,39 @@ def test_llm_c_shards_are_read_in_sequence(tmp_path):
     assert ((y - x) % 50 == 1).all()
 
 
+def test_small_preset_starts_and_finishes_on_llm_c_shards(tmp_path, capsys):
+    """README's one-GPU run, `--preset small` on llm.c's FineWeb-Edu shards, started on the CPU: two steps of the
+    preset's ~124M-parameter model from a synthetic shard pair (llm.c's header [20240520, 1, n_tokens], then uint16
+    GPT-2 ids, named as llm.c's dev/data/fineweb.py --type edu names them), shrunk only where a CPU cannot afford the
+    preset (batch, steps, evaluation, sequence length); it ends with an evaluation and a checkpoint of the model."""
+    data = tmp_path / "edu_fineweb10B"
+    data.mkdir()
+    rng = np.random.default_rng(0)
+    for name, n_tokens in (("edu_fineweb_train_000001.bin", 2048), ("edu_fineweb_val_000000.bin", 512)):
+        write_tokens(data / name, rng.integers(0, 50257, n_tokens), [20240520, 1, n_tokens])
+    out = tmp_path / "out"  # a 1.5 GB checkpoint (weights and AdamW's two moments, float32)
+    argv = ["--preset", "small", "--attn", "gla2", "--data", str(data), "--out_dir", str(out), "--max_iters", "2",
+            "--batch_size", "1", "--block_size", "32", "--eval_iters", "1"]
+    # One thread: on 2 cores shared with other work, the two threads of a forward at these sizes wait on each other
+    # (2.3 s a forward, against 0.19 s on one thread, measured beside a niced experiment on both cores).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        assert train.cli(argv) == 0
+    finally:
+        torch.set_num_threads(threads)
+    assert f"token files in {data}" in capsys.readouterr().out
+    rows = metrics(out, "gla2")
+    assert [(r["iter"], r["tokens"]) for r in rows] == [(2, 2 * 1 * 32)] and math.isfinite(rows[0]["val_loss"])
+    ckpt = torch.load(rdir(out, "gla2") / "ckpt.pt", weights_only=True, mmap=True)
+    small = gla.make_config("small", "gla2", block_size=32)
+    assert ckpt["iter"] == 2 and ckpt["config"]["model"] == dataclasses.asdict(small)
+    with torch.device("meta"):
+        model = gla.GPT(small)
+    assert {k: t.shape for k, t in ckpt["model"].items()} == {k: t.shape for k, t in model.state_dict().items()}
+    assert model.num_params() > 120e6
+
+
 def test_torchrun_two_processes_match_one(tmp_path, text_file):
     # lr 1e-3: at the preset's 2e-3 after two warm-up steps, the all-reduce's other summation order (1e-7 at first)
     # grew about tenfold a step from step 8 with the coupled draw, to 1e-3 by step 20 (measured at the tiny width).

@@ -29,6 +29,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 import weakref
 
 import numpy as np
@@ -38,7 +39,7 @@ import gla
 import kernels
 import plot
 import train
-from bench import common, decode_cpu, gpu_check, roofline, sm90
+from bench import common, decode_cpu, gpu_build, gpu_check, roofline
 from bench import memory as memory_bench
 from harness import checkpoints, context, files, memory, preflight, progress, sampling, stops
 import harness.data
@@ -710,9 +711,8 @@ def test_decode_bench_prints_machine_and_tables_without_transformers(monkeypatch
         assert match in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("script", ["decode_cpu.py", "gpu_check.py", "kernel_speed.py", "memory.py", "roofline.py",
-                                    "sm90.py",
-                                    "train_cost.py", "train_speed.py"])
+@pytest.mark.parametrize("script", ["decode_cpu.py", "gpu_build.py", "gpu_check.py", "kernel_speed.py", "memory.py",
+                                    "roofline.py", "train_cost.py", "train_speed.py"])
 def test_bench_scripts_answer_help_from_anywhere(script):
     r = subprocess.run([sys.executable, str(REPO / "bench" / script), "--help"], cwd="/", capture_output=True,
                        text=True, timeout=120)
@@ -767,7 +767,7 @@ def _plan(name, B, Lq, dtype, max_len, num_splits=None):
     """The kernel's launch plan for a SHAPES entry."""
     Hq, Hkv, Hk, Dk, Dv, use_qv = SHAPES[name]
     elem = torch.empty(0, dtype=dtype).element_size()
-    return kernels._plan(B, Lq, Hq, Hkv, Hk, Dk, Dv, use_qv, elem, max_len, num_splits, kernels.DEFAULT_NUM_SMS)
+    return kernels._plan(B, Lq, Hq, Hkv, Hk, Dk, Dv, use_qv, elem, max_len, num_splits, kernels.DEFAULT_LIMITS)
 
 
 @interpreter_only
@@ -832,7 +832,7 @@ def test_kernel_with_more_head_blocks_than_the_registers_need(Lq, dtype):
     Hq, Hkv, Hk, Dk, Dv, use_qv = SHAPES["gla2_tp2"]
     n = _plan("gla2_tp2", 3, Lq, dtype, 1)["BLOCK_N"]
     p = _plan("gla2_tp2", 3, Lq, dtype, 3 * n + 7)  # the longest of _check_kernel's sequences
-    fewest = math.ceil(Hq / (kernels.MAX_ACC_ELEMS // p["BLOCK_DV"] // p["LQ_BLOCK"]))
+    fewest = math.ceil(Hq / (kernels.MAX_ACC_ELEMS[p["mma"]] // p["BLOCK_DV"] // p["LQ_BLOCK"]))
     assert p["n_head_blocks"] > fewest == 1 and p["n_splits"] > 1
     _check_kernel("gla2_tp2", Lq, dtype, splits=(None, 3))
 
@@ -868,7 +868,7 @@ def test_kernel_head_blocks_and_scale():
     # into head blocks.
     Hq, Hkv, Hk, Dk, Dv, Lq, S = 24, 1, 1, 16, 512, 2, 40
     q, k_cache, v_cache, cache_seqlens, qv = _inputs(2, S, Lq, Hq, Hkv, Hk, Dk, Dv, True, torch.float32, [S, 9])
-    assert kernels._plan(2, Lq, Hq, Hkv, Hk, Dk, Dv, True, 4, S, None, kernels.DEFAULT_NUM_SMS)["n_head_blocks"] > 1
+    assert kernels._plan(2, Lq, Hq, Hkv, Hk, Dk, Dv, True, 4, S, None, kernels.DEFAULT_LIMITS)["n_head_blocks"] > 1
     for scale in (None, 0.3):
         out = kernels.decode_attention(q, k_cache, v_cache, cache_seqlens, qv, softmax_scale=scale)
         ref = _ref(q, k_cache, v_cache, cache_seqlens, qv, softmax_scale=scale)
@@ -887,7 +887,7 @@ def test_kernel_takes_lq_up_to_max_lq_then_refuses():
 
 def _launch_constexprs(name, B, Lq, S):
     """The compile-time part of the split kernel's launch for a bench shape (meta tensors)."""
-    p, grid, args, kwargs, _ = sm90.launch(name, B, Lq, S)
+    p, grid, args, kwargs, _ = gpu_build.launch(name, B, Lq, S)
     return p, grid, tuple(sorted(kwargs.items()))
 
 
@@ -905,7 +905,7 @@ def test_lq_compiles_once_per_power_of_two(name):
 def test_split_count_fills_whole_waves():
     # Issue 8: where >= 66 programs launch, mean over max programs per SM >= 0.9. The
     # ceiling of SMs over units (before) gave 0.61 for GQA at B 32.
-    sms = kernels.DEFAULT_NUM_SMS
+    sms = kernels.DEFAULT_LIMITS.num_sms
     for name in common.BENCH_SHAPES:
         for B in common.BENCH_BATCHES:
             for S in common.BENCH_SEQLENS:
@@ -917,58 +917,66 @@ def test_split_count_fills_whole_waves():
                     assert programs < 66 or balance >= 0.9, (name, B, S, Lq, programs, balance)
 
 
-# The Hopper build of the split kernel, compiled ahead of time for sm_90 on the CPU and read with the cuobjdump and
-# nvdisasm in Triton's wheel (bench/sm90.py). It follows Triton 3.9's internals: another version skips, saying so.
-needs_sass_tools = pytest.mark.skipif(sm90.unsupported() is not None, reason=str(sm90.unsupported()))
+# The builds of the split kernel for Ampere, Ada and Hopper (sm_80, sm_86, sm_89, sm_90), compiled ahead of time on the
+# CPU and read with the cuobjdump and nvdisasm in Triton's wheel (bench/gpu_build.py). It follows Triton 3.9's
+# internals: another version skips, saying so.
+needs_sass_tools = pytest.mark.skipif(gpu_build.unsupported() is not None, reason=str(gpu_build.unsupported()))
 
 
-class Sm90Skips:
-    """A pytest plugin: the run's summary ends with one line, how many sm_90 checks were skipped and why (a
+class GpuBuildSkips:
+    """A pytest plugin: the run's summary ends with one line, how many GPU build checks were skipped and why (a
     silent skip would hide that another Triton turned the build analysis off)."""
 
     def pytest_terminal_summary(self, terminalreporter):
         reasons = {}
         for report in terminalreporter.stats.get("skipped", []):
-            if "::test_sm90" in report.nodeid:
+            if "::test_gpu_build" in report.nodeid:
                 reason = report.longrepr[2].removeprefix("Skipped: ")
                 reasons[reason] = reasons.get(reason, 0) + 1
         if reasons:
-            terminalreporter.write_line(f"sm_90 checks skipped: {sum(reasons.values())} ("
+            terminalreporter.write_line(f"GPU build checks skipped: {sum(reasons.values())} ("
                                         + "; ".join(f"{n}: {reason}" for reason, n in reasons.items()) + ")")
 
 
 @pytest.fixture(scope="session", autouse=True)
-def report_sm90_skips(request):
-    """Registers Sm90Skips for this run: a test module cannot define pytest's hooks itself."""
-    if not request.config.pluginmanager.has_plugin("sm90_skips"):
-        request.config.pluginmanager.register(Sm90Skips(), "sm90_skips")
+def report_gpu_build_skips(request):
+    """Registers GpuBuildSkips for this run: a test module cannot define pytest's hooks itself."""
+    if not request.config.pluginmanager.has_plugin("gpu_build_skips"):
+        request.config.pluginmanager.register(GpuBuildSkips(), "gpu_build_skips")
 
 
-# CTAs per SM from registers and shared memory, and launch balance.
+# The sm_90 builds of the bench shapes (the table's first 60 rows); CTAs per SM from registers and shared memory, and
+# launch balance.
+SM90_BENCH = [c for c in gpu_build.configs(90) if c[1] in common.BENCH_SHAPES]
 MIN_CTAS_PER_SM = {"GQA-8 TP-8": 3, "MLA 1 GPU": 2, "GLA-2 1 GPU": 2, "MLA TP-2": 2, "GLA-2 TP-2": 2}
 BALANCE_MIN_PROGRAMS, MIN_BALANCE = 66, 0.9
-SINGLE_BUFFERED = ("MLA 1 GPU", 32, 1, 32768, 2)  # num_stages=2: no tile in flight
+SINGLE_BUFFERED = (90, "MLA 1 GPU", 32, 1, 32768, 2)  # num_stages=2: no tile in flight
+# Builds that spilled when mma.sync tiles held 16K accumulators: 24 heads in 32 rows on sm_90 (48 B of stack), 64 x 256
+# on sm_89 (8 B).
+FULL_ACCUMULATOR_SPILLS = [(90, "paper MLA", 32, 1, 2048, None), (89, "GLA-2 1 GPU", 32, 2, 131072, None)]
 
 
 @pytest.fixture(scope="module")
-def sm90_builds():
-    """Compile every configuration the sm_90 tests read at once (one child process under
-    the interpreter; Triton caches the builds on disk too); {config: figures}."""
-    configs = sm90.CONFIGS + [SINGLE_BUFFERED]
-    return dict(zip(map(tuple, configs), sm90.figures_many(configs)))
+def gpu_builds():
+    """Compile every build the GPU build tests read at once (one child process under the interpreter; Triton caches
+    the builds on disk too): the sm_90 bench rows, the single-buffered control and each target's widest tiles;
+    {config: figures}."""
+    widest = [c for arch in gpu_build.TARGETS for c in gpu_build.widest_configs(arch)]
+    configs = SM90_BENCH + [SINGLE_BUFFERED] + widest + FULL_ACCUMULATOR_SPILLS
+    return dict(zip(map(tuple, configs), gpu_build.figures_many(configs)))
 
 
 @needs_sass_tools
-@pytest.mark.parametrize("config", sm90.CONFIGS, ids=lambda c: f"{c[0]}-B{c[1]}-Lq{c[2]}-S{c[3]}")
-def test_sm90_build(config, sm90_builds):
+@pytest.mark.parametrize("config", SM90_BENCH, ids=lambda c: f"{c[1]}-B{c[2]}-Lq{c[3]}-S{c[4]}")
+def test_gpu_build_sm90(config, gpu_builds):
     """bf16, every bench shape: no spills, shared memory within a CTA's limit, tensor-core
     MMAs of the kind the plan's compute floor assumes (HGMMA from 64 rows, else HMMA), K/V into
     the main loop only by 128-bit cp.async, the planned tiles in flight during compute, at
     least the planned CTAs per SM, and a balanced launch."""
-    name = config[0]
-    f = sm90_builds[config]
+    name = config[1]
+    f = gpu_builds[config]
     assert f["stack"] == 0 and f["spills"] == 0, f
-    assert f["smem"] <= sm90.SM90_SMEM_PER_CTA, f
+    assert f["smem"] <= f["smem_limit"] == 227 * 1024, f
     assert f["mma"] > 0 and f["mma_kind"] == f["planned_mma"], f
     assert f["loop_cp_async"] > 0 and f["loop_cp_async_128"] == f["loop_cp_async"], f
     assert f["loop_ldg"] == 0 and f["narrow_loads"] == 0, f
@@ -978,7 +986,37 @@ def test_sm90_build(config, sm90_builds):
 
 
 @needs_sass_tools
-def test_sm90_model_reaches_the_binding_floor_at_batch_1_and_32(sm90_builds):
+@pytest.mark.parametrize("arch", sorted(gpu_build.TARGETS))
+def test_gpu_build_widest_tiles_fit_every_target(arch, gpu_builds):
+    """Issue 50: on sm_86 and sm_89 (99 KiB a block) MLA's 512-wide latent took 108-109 KiB when the stages were
+    sized for sm_90's 228 KiB. For each target, the builds with the widest tiles (the bench's MLA at B 32, Lq 2, 128K
+    tokens; each preset's widest) fit its shared memory per block, within the plan's own count of it, do not spill,
+    issue the MMA the plan counts on (HGMMA only on sm_90), pipeline their K/V loads, and hold the planned CTAs per
+    SM."""
+    widest = gpu_build.widest_configs(arch)
+    assert [c[1] for c in widest[:2]] == ["MLA 1 GPU", "MLA TP-2"]
+    assert [c[1].split()[0] for c in widest[2:]] == ["tiny", "small", "paper"]
+    for config in widest:
+        f = gpu_builds[config]
+        assert f["smem"] <= f["planned_smem"] <= f["smem_limit"] == gpu_build.TARGETS[arch].limits.smem_per_block, f
+        assert f["stack"] == 0 and f["spills"] == 0, f
+        assert f["mma_kind"] == f["planned_mma"] and (arch == 90 or f["mma_kind"] == "HMMA"), f
+        assert f["in_flight"] == f["planned_in_flight"] >= 1 and f["loop_ldg"] == 0, f
+        assert f["ctas_per_sm"] >= f["planned_ctas_per_sm"], f
+
+
+@needs_sass_tools
+def test_gpu_build_mma_sync_tiles_leave_registers_for_their_operands(gpu_builds):
+    """mma.sync holds its operand fragments and the scores in registers beside the accumulators: the builds that
+    spilled with 16K accumulators (MAX_ACC_ELEMS["HMMA"] was wgmma's) take 8K and do not spill."""
+    for config in FULL_ACCUMULATOR_SPILLS:
+        f = gpu_builds[config]
+        assert f["mma_kind"] == "HMMA", f
+        assert f["stack"] == 0 and f["spills"] == 0, f
+
+
+@needs_sass_tools
+def test_gpu_build_sm90_model_reaches_the_binding_floor_at_batch_1_and_32(gpu_builds):
     """The model fed by the sm_90 build (its CTAs per SM, tiles in flight and MMA kind) against the roofline floor,
     max(bytes / HBM bandwidth, FLOPs / the peak of the build's MMAs): never under it, and for every bench shape at
     B 1 and 32, Lq 1 and 2, >= 80% of it at 32K and 128K cached tokens and >= 60% at 8K. Compute binds exactly where
@@ -986,8 +1024,8 @@ def test_sm90_model_reaches_the_binding_floor_at_batch_1_and_32(sm90_builds):
     under TP-2 takes <= 0.7 of MLA's time under TP-2 (cache bytes per device 320 / 576 = 0.56), the GLA paper's
     per-device decode claim."""
     compute_bound = set()
-    for config in sm90.CONFIGS:
-        (name, B, Lq, S, _), f = config, sm90_builds[config]
+    for config in SM90_BENCH:
+        (_, name, B, Lq, S, _), f = config, gpu_builds[config]
         Hq, Hkv, Hk, Dk, Dv, use_qv = common.BENCH_SHAPES[name]
         splits = f["programs"] // (B * Hkv * f["passes"])
         assert f["cache_B"] == B * S * (Hk * Dk + Hkv * Dv) * 2  # bf16: every cached token once
@@ -1002,10 +1040,11 @@ def test_sm90_model_reaches_the_binding_floor_at_batch_1_and_32(sm90_builds):
         assert f["roofline_pct"] >= (80 if S >= 32768 else 60), f
         if f["bound"] == "compute":
             compute_bound.add(config)
-    assert compute_bound == {("MLA 1 GPU", B, 2, S, None) for B in common.BENCH_BATCHES for S in common.BENCH_SEQLENS}
+    assert compute_bound == {(90, "MLA 1 GPU", B, 2, S, None) for B in common.BENCH_BATCHES
+                             for S in common.BENCH_SEQLENS}
     for Lq in common.BENCH_LQ:
         for S in common.BENCH_SEQLENS:
-            gla2, mla = (sm90_builds[(name, 1, Lq, S, None)]["model_s"] for name in ("GLA-2 TP-2", "MLA TP-2"))
+            gla2, mla = (gpu_builds[(90, name, 1, Lq, S, None)]["model_s"] for name in ("GLA-2 TP-2", "MLA TP-2"))
             assert gla2 <= 0.7 * mla, (Lq, S, gla2, mla)
 
 
@@ -1016,7 +1055,7 @@ def test_plan_models_the_compute_floor_and_picks_the_faster_mma():
     Hq, Hkv, Hk, Dk, Dv, use_qv = common.BENCH_SHAPES["GLA-2 TP-2"]
     S = 32768
     for Lq in (4, 1):
-        p = kernels._plan(1, Lq, Hq, Hkv, Hk, Dk, Dv, use_qv, 2, S, None, kernels.DEFAULT_NUM_SMS)
+        p = kernels._plan(1, Lq, Hq, Hkv, Hk, Dk, Dv, use_qv, 2, S, None, kernels.DEFAULT_LIMITS)
         flops = 2 * Lq * Hq * S * (Dk + 2 * Dv)
         compute_s = flops / kernels.TENSOR_FLOPS_PER_S[p["mma"]]
         assert p["seconds"] == pytest.approx(max(p["memory_seconds"], compute_s)), p
@@ -1027,25 +1066,104 @@ def test_plan_models_the_compute_floor_and_picks_the_faster_mma():
             assert p["seconds"] == p["memory_seconds"] > compute_s, p
 
 
+@pytest.mark.parametrize("arch", sorted(gpu_build.TARGETS))
+def test_plan_fits_each_targets_shared_memory_and_mma(arch):
+    """Without compiling, every row of bench/gpu_build.py's table (and Lq up to MAX_LQ): the plan for the target's
+    limits takes at most its shared memory per block, its planned CTAs fit an SM's shared memory and registers (the
+    maxnreg it gives a thread), and it counts on wgmma (HGMMA) only on sm_90 from 64 rows."""
+    limits = gpu_build.TARGETS[arch].limits
+    for name, B, Lq, S in gpu_build.ROWS + [(name, 32, kernels.MAX_LQ, 4096) for name in common.BENCH_SHAPES]:
+        p = gpu_build.launch(name, B, Lq, S, arch)[0]
+        assert p["smem"] <= limits.smem_per_block, (name, B, Lq, p)
+        assert p["ctas_per_sm"] * (p["smem"] + kernels.SMEM_RESERVED_PER_CTA) <= limits.smem_per_sm, (name, B, Lq, p)
+        assert p["ctas_per_sm"] * p["num_warps"] * 32 * p["maxnreg"] <= kernels.REGS_PER_SM, (name, B, Lq, p)
+        assert p["num_stages"] >= kernels.MIN_STAGES, (name, B, Lq, p)
+        assert p["mma"] == ("HGMMA" if arch == 90 and p["BLOCK_M"] >= 64 else "HMMA"), (name, B, Lq, p)
+
+
+def test_gpu_limits_are_read_once_per_device(monkeypatch):
+    """decode_attention plans from the GPU's own compute capability, SM count and shared memory, read from
+    torch.cuda.get_device_properties once per device index."""
+    reads = []
+
+    def properties(index):
+        reads.append(index)
+        return types.SimpleNamespace(major=8, minor=9, multi_processor_count=58 + index,
+                                  shared_memory_per_block_optin=99 * 1024, shared_memory_per_multiprocessor=100 * 1024)
+    kernels.device_limits.cache_clear()
+    monkeypatch.setattr(torch.cuda, "get_device_properties", properties)
+    try:
+        first = [kernels.device_limits(0), kernels.device_limits(1), kernels.device_limits(0)]
+    finally:
+        kernels.device_limits.cache_clear()  # no fake device's limits for a later test
+    assert reads == [0, 1]
+    assert first[0] == first[2] == kernels.DeviceLimits((8, 9), 58, 99 * 1024, 100 * 1024) != first[1]
+
+
+@interpreter_only
+def test_an_unknown_gpu_gets_the_safe_plan_and_the_kernel_still_matches(monkeypatch):
+    """A compute capability the plan has not checked (sm_120, 99 KiB a block, say) gets SAFE_STAGES, the fewest
+    stages (nothing in flight), and mma.sync's count; the kernel runs that plan right (the interpreter stands in for
+    the GPU: decode_attention plans CPU tensors for DEFAULT_LIMITS)."""
+    unknown = kernels.DeviceLimits(capability=(12, 0), num_sms=170, smem_per_block=99 * 1024,
+                                   smem_per_sm=100 * 1024)
+    for name, B, Lq, S in [("MLA 1 GPU", 32, 2, 131072), ("GLA-2 1 GPU", 1, 2, 131072), ("GQA-8 TP-8", 1, 1, 8192)]:
+        Hq, Hkv, Hk, Dk, Dv, use_qv = common.BENCH_SHAPES[name]
+        p = kernels._plan(B, Lq, Hq, Hkv, Hk, Dk, Dv, use_qv, 2, S, None, unknown)
+        assert p["num_stages"] == kernels.SAFE_STAGES and p["mma"] == "HMMA" and p["smem"] <= 99 * 1024, p
+    monkeypatch.setattr(kernels, "DEFAULT_LIMITS", unknown)
+    assert _plan("mla", 3, 2, torch.float32, 64)["num_stages"] == kernels.SAFE_STAGES
+    _check_kernel("mla", 2, torch.float32, splits=(None, 3))
+
+
+def test_a_head_dim_too_wide_for_any_block_is_one_clear_error():
+    """If not even one K/V tile and the q tiles of MIN_BLOCK rows fit a block, one ValueError names the shape and the
+    limit, from the plan and from decode_attention."""
+    ada = gpu_build.TARGETS[89].limits
+    with pytest.raises(ValueError, match=r"Dv=4096 with qv, Lq=1, 2-byte elements need at least 261\.5 KiB a block "
+                                         r".* compute capability 8\.9 gives a block at most 99 KiB"):
+        kernels._plan(1, 1, 8, 1, 1, 64, 4096, True, 2, 1024, None, ada)
+    q, k_cache = torch.randn(1, 1, 1, 16), torch.randn(1, 16, 1, 16)
+    v_cache, qv = torch.randn(1, 16, 1, 16384), torch.randn(1, 1, 1, 16384)
+    with pytest.raises(ValueError, match=r"no launch plan fits .* Dv=16384 .* gives a block at most 227 KiB"):
+        kernels.decode_attention(q, k_cache, v_cache, torch.tensor([16], dtype=torch.int32), qv)
+
+
+@pytest.mark.parametrize("num_splits", [-1, 0, 2.5])
+def test_num_splits_must_be_a_positive_int(num_splits):
+    q, k_cache, v_cache, seqlens, qv = _inputs(1, 40, 1, 8, 2, 1, 16, 32, True, torch.float32, [40])
+    with pytest.raises(ValueError, match=rf"num_splits must be None .* a positive int; got {num_splits}"):
+        kernels.decode_attention(q, k_cache, v_cache, seqlens, qv, num_splits=num_splits)
+
+
 @needs_sass_tools
-def test_sm90_figures_catch_a_single_buffered_loop(sm90_builds):
+def test_gpu_build_sm90_catches_a_single_buffered_loop(gpu_builds):
     # Control: at num_stages=2 the loop waits for every copy before it computes.
-    f = sm90_builds[SINGLE_BUFFERED]
+    f = gpu_builds[SINGLE_BUFFERED]
     assert f["loop_cp_async"] > 0 and f["in_flight"] == 0 and f["stages"] == 1
 
 
 @needs_sass_tools
-def test_sm90_table_from_the_command_line(tmp_path, capsys, sm90_builds):
-    """Every row of `bench/sm90.py` (and its CSV) holds exactly the figures of its configuration."""
-    csv_path = tmp_path / "sass.csv"
-    sm90.main(["--output", str(csv_path)])  # in process: reuses the builds of the fixture
+def test_gpu_build_table_from_the_command_line(tmp_path, capsys, monkeypatch, gpu_builds):
+    """`bench/gpu_build.py`: its rows are the bench shapes, then the presets' decode shapes (each variant, baseline
+    and double heads, B 1 and 32, Lq 1 and 2); it prints the target's limits, then a table whose every row (and its
+    CSV) holds exactly the figures of its build; a build over the target's shared memory or with spills makes it
+    exit 1, naming the build."""
+    assert len(gpu_build.configs(90)) == 60 + 3 * 6 * 2 * 2
+    paper = gla.make_config("paper", "mla", True)
+    assert gpu_build.SHAPES["paper MLA double heads"] == (48, 1, 1, 64, 512, True) and paper.n_head == 48
+    assert ("paper MLA double heads", 32, 2, paper.block_size) in gpu_build.ROWS
+    monkeypatch.setattr(gpu_build, "ROWS", [c[1:5] for c in SM90_BENCH])  # the fixture's builds: nothing to compile
+    csv_path = tmp_path / "builds.csv"
+    gpu_build.main(["--output", str(csv_path)])  # in process: reuses the builds of the fixture
     lines = capsys.readouterr().out.strip().splitlines()
-    assert re.split(r"\s{2,}", lines[0].strip()) == sm90.COLUMNS
+    assert lines[0] == gpu_build.describe(90) and "227 KiB of shared memory per block" in lines[0]
+    assert re.split(r"\s{2,}", lines[1].strip()) == gpu_build.COLUMNS
     rows = list(csv_rows(csv_path))
-    assert len(rows) == len(lines) - 2 == len(sm90.CONFIGS) == 60  # header, rows, "wrote ..."
-    for row, config in zip(rows, sm90.CONFIGS):
-        f = sm90_builds[config]
-        assert (row["shape"], int(row["B"]), int(row["Lq"]), int(row["S"])) == config[:4]
+    assert len(rows) == len(lines) - 3 == len(SM90_BENCH) == 60  # limits, header, rows, "wrote ..."
+    for row, config in zip(rows, SM90_BENCH):
+        f = gpu_builds[config]
+        assert (row["shape"], int(row["B"]), int(row["Lq"]), int(row["S"])) == config[1:5]
         for column in ("regs", "programs", "passes", "in_flight_B", "cache_B", "partial_B"):
             assert int(row[column]) == f[column], column
         assert row["CTAs/SM"] == f"{f['ctas_per_sm']} ({f['ctas_limit']})"
@@ -1056,28 +1174,36 @@ def test_sm90_table_from_the_command_line(tmp_path, capsys, sm90_builds):
                               ("compute_floor_us", f"{f['compute_floor_s'] * 1e6:.2f}"),
                               ("model_us", f"{f['model_s'] * 1e6:.2f}"), ("roofline_pct", f"{f['roofline_pct']:.1f}")]:
             assert row[column] == value, column
+    over = dict(gpu_builds[SM90_BENCH[0]], smem=228 * 1024, stack=8, spills=2)
+    monkeypatch.setattr(gpu_build, "figures_many", lambda configs: [over])
+    with pytest.raises(SystemExit) as exit_:
+        gpu_build.main([])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 1, err
+    assert "sm_90 GQA-8 TP-8 B=1 Lq=1 S=8192: 228.0 KiB of shared memory per block, over the target's 227 KiB" in err
+    assert "sm_90 GQA-8 TP-8 B=1 Lq=1 S=8192: spills (8 B of stack, 2 STL/LDL instructions)" in err
 
 
-def test_requirements_ask_for_the_triton_the_sm90_analysis_follows():
+def test_requirements_ask_for_the_triton_the_gpu_build_analysis_follows():
     from packaging.requirements import Requirement  # pytest's own dependency
 
     line = next(x for x in (REPO / "requirements.txt").read_text().splitlines() if x.startswith("triton"))
     spec = Requirement(line).specifier
-    major, minor = map(int, sm90.TRITON_VERSION.split("."))
+    major, minor = map(int, gpu_build.TRITON_VERSION.split("."))
     assert spec.contains(f"{major}.{minor}.0") and spec.contains(f"{major}.{minor}.9"), line
     assert not any(spec.contains(v) for v in (f"{major}.{minor - 1}.0", f"{major}.{minor + 1}.0", f"{major + 1}.0.0"))
 
 
-def test_run_ends_saying_how_many_sm90_checks_skipped_and_why(monkeypatch):
+def test_run_ends_saying_how_many_gpu_build_checks_skipped_and_why(monkeypatch):
     # Another Triton, as a fresh install could resolve one: the run's last lines say so.
-    code = ("import sys, pytest\nfrom bench import sm90\nsm90.TRITON_VERSION = '0.0'\n"
+    code = ("import sys, pytest\nfrom bench import gpu_build\ngpu_build.TRITON_VERSION = '0.0'\n"
             "sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', 'test_gla.py', '-k', "
-            "'sm90_figures_catch or test_text_codec']))")
+            "'gpu_build_sm90_catches or test_text_codec']))")
     r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
-    monkeypatch.setattr(sm90, "TRITON_VERSION", "0.0")
+    monkeypatch.setattr(gpu_build, "TRITON_VERSION", "0.0")
     tail = r.stdout.strip().splitlines()[-2:]
     assert r.returncode == 0 and re.fullmatch(r"1 passed, 1 skipped, \d+ deselected.*", tail[1]), r.stdout
-    assert tail[0] == f"sm_90 checks skipped: 1 (1: {sm90.unsupported()})", r.stdout
+    assert tail[0] == f"GPU build checks skipped: 1 (1: {gpu_build.unsupported()})", r.stdout
 
 
 @pytest.mark.parametrize("Hk, use_qv", [(1, True), (2, False)])
@@ -1171,14 +1297,20 @@ def test_gpu_commands_without_cuda_exit_2(command):
     assert r.returncode == 2 and len(lines) == 1 and "CUDA" in lines[0], lines
 
 
-@pytest.mark.skipif(not HAS_CUDA or sm90.unsupported() is not None, reason="needs a CUDA GPU and the sm_90 tools")
-def test_sm90_figures_match_this_cuda_gpus_own_build(sm90_builds):
-    """The premise of the CPU build tests: the runtime's build on a GPU has the registers, spills, shared memory
-    and CTAs per SM of the ahead-of-time one (run by bench/gpu_check.py)."""
-    for config in sm90.CONFIGS:
-        f = sm90_builds[config]
+@pytest.mark.skipif(not HAS_CUDA or gpu_build.unsupported() is not None,
+                    reason="needs a CUDA GPU and the GPU build tools")
+def test_gpu_build_figures_match_this_cuda_gpus_own_build():
+    """The premise of the CPU build tests: on a GPU of a target's compute capability, the runtime's build has the
+    registers, spills, shared memory and CTAs per SM of the ahead-of-time one, for every bench shape (run by
+    bench/gpu_check.py)."""
+    major, minor = torch.cuda.get_device_capability()
+    arch = 10 * major + minor
+    if arch not in gpu_build.TARGETS:
+        pytest.skip(f"sm_{arch} is not one of bench/gpu_build.py's targets {sorted(gpu_build.TARGETS)}")
+    configs = [c for c in gpu_build.configs(arch) if c[1] in common.BENCH_SHAPES]
+    for config, f in zip(configs, gpu_build.figures_many(configs)):
         want = dict(regs=f["regs"], spills=0, dynamic_smem=f["dynamic_smem"], ctas_per_sm=f["ctas_per_sm"])
-        assert sm90.runtime_build(*config[:4]) == want, config
+        assert gpu_build.runtime_build(*config[1:5], arch) == want, config
 
 
 def test_cpu_without_interpreter_raises():
@@ -1551,7 +1683,8 @@ def test_batches_are_a_function_of_seed_and_step(text_file):
     assert torch.equal(a[0], train.get_batch(data, "train", 7, 4, 32, seed=1)[0])
     assert not torch.equal(a[0], train.get_batch(data, "train", 8, 4, 32, seed=1)[0])
     assert not torch.equal(a[0], train.get_batch(data, "train", 7, 4, 32, seed=2)[0])  # another seed, another order
-    assert not torch.equal(train.get_batch(data, "val", 0, 4, 32, seed=1)[0], train.get_batch(data, "val", 0, 4, 32, seed=2)[0])
+    val_seed1 = train.get_batch(data, "val", 0, 4, 32, seed=1)[0]
+    assert not torch.equal(val_seed1, train.get_batch(data, "val", 0, 4, 32, seed=2)[0])
     assert not torch.equal(a[0], train.get_batch(data, "val", 7, 4, 32, seed=1)[0])
     assert torch.equal(a[0][:, 1:], a[1][:, :-1])  # targets are the inputs shifted by one
     parts = [train.get_batch(data, "train", 7, 4, 32, seed=1, rank=r, world_size=2)[0] for r in range(2)]
@@ -2373,7 +2506,7 @@ def test_memory_plan_gives_peaks_and_the_largest_micro_batch(capsys, monkeypatch
     assert line["max_micro_batch"] == 4 and line["grad_accum"] == 3
     assert memory_bench.main([*argv, "--device_memory", "1e-6"]) == 0
     assert json.loads(capsys.readouterr().out)["max_micro_batch"] == 0
-    assert memory_bench.main([*argv, "--device", "cpu"]) == 0  # train.py's --device, not an abbreviated --device_memory
+    assert memory_bench.main([*argv, "--device", "cpu"]) == 0  # train.py's --device, not --device_memory
     assert json.loads(capsys.readouterr().out)["dtype"] == "float32"
     for bad, match in [(["--world_size", "5"], "--batch_size 48 is not divisible by 5 process(es)"),
                        (["--world_size", "x"], "invalid int value"), (["--device_memory", "0"], "must be positive"),
@@ -2454,6 +2587,39 @@ def test_llm_c_shards_are_read_in_sequence(tmp_path):
     assert (shard == shard[:, :1]).all()  # no window crosses two shards
     assert set(shard[:, 0].tolist()) == {0, 1, 2}  # all shards are used
     assert ((y - x) % 50 == 1).all()
+
+
+def test_small_preset_starts_and_finishes_on_llm_c_shards(tmp_path, capsys):
+    """README's one-GPU run, `--preset small` on llm.c's FineWeb-Edu shards, started on the CPU: two steps of the
+    preset's ~124M-parameter model from a synthetic shard pair (llm.c's header [20240520, 1, n_tokens], then uint16
+    GPT-2 ids, named as llm.c's dev/data/fineweb.py --type edu names them), shrunk only where a CPU cannot afford the
+    preset (batch, steps, evaluation, sequence length); it ends with an evaluation and a checkpoint of the model."""
+    data = tmp_path / "edu_fineweb10B"
+    data.mkdir()
+    rng = np.random.default_rng(0)
+    for name, n_tokens in (("edu_fineweb_train_000001.bin", 2048), ("edu_fineweb_val_000000.bin", 512)):
+        write_tokens(data / name, rng.integers(0, 50257, n_tokens), [20240520, 1, n_tokens])
+    out = tmp_path / "out"  # a 1.5 GB checkpoint (weights and AdamW's two moments, float32)
+    argv = ["--preset", "small", "--attn", "gla2", "--data", str(data), "--out_dir", str(out), "--max_iters", "2",
+            "--batch_size", "1", "--block_size", "32", "--eval_iters", "1"]
+    # One thread: on 2 cores shared with other work, the two threads of a forward at these sizes wait on each other
+    # (2.3 s a forward, against 0.19 s on one thread, measured beside a niced experiment on both cores).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        assert train.cli(argv) == 0
+    finally:
+        torch.set_num_threads(threads)
+    assert f"token files in {data}" in capsys.readouterr().out
+    rows = metrics(out, "gla2")
+    assert [(r["iter"], r["tokens"]) for r in rows] == [(2, 2 * 1 * 32)] and math.isfinite(rows[0]["val_loss"])
+    ckpt = torch.load(rdir(out, "gla2") / "ckpt.pt", weights_only=True, mmap=True)
+    small = gla.make_config("small", "gla2", block_size=32)
+    assert ckpt["iter"] == 2 and ckpt["config"]["model"] == dataclasses.asdict(small)
+    with torch.device("meta"):
+        model = gla.GPT(small)
+    assert {k: t.shape for k, t in ckpt["model"].items()} == {k: t.shape for k, t in model.state_dict().items()}
+    assert model.num_params() > 120e6
 
 
 def test_torchrun_two_processes_match_one(tmp_path, text_file):

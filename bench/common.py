@@ -76,10 +76,10 @@ BENCH_SEQLENS = (8192, 32768, 131072)
 BENCH_LQ = (1, 2)
 
 
-def bench_inputs(name, B, S, Lq, dtype, device):
-    """q, k_cache, v_cache, cache_seqlens (all S), qv (or None) of a bench shape; on the
-    "meta" device, shapes without memory."""
-    Hq, Hkv, Hk, Dk, Dv, use_qv = BENCH_SHAPES[name]
+def bench_inputs(name, B, S, Lq, dtype, device, shapes=BENCH_SHAPES):
+    """q, k_cache, v_cache, cache_seqlens (all S), qv (or None) of shape `name` of shapes (by default a bench shape,
+    (Hq, Hkv, Hk, Dk, Dv, uses qv)); on the "meta" device, shapes without memory."""
+    Hq, Hkv, Hk, Dk, Dv, use_qv = shapes[name]
     q = torch.randn(B, Lq, Hq, Dk, dtype=dtype, device=device)
     k_cache = torch.randn(B, S, Hk, Dk, dtype=dtype, device=device)
     v_cache = torch.randn(B, S, Hkv, Dv, dtype=dtype, device=device)

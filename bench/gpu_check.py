@@ -1,6 +1,6 @@
 """The one GPU check: the bf16 decode kernel against its PyTorch reference in every plan the benchmark runs, then
-the suite's CUDA tests (the compiled kernel in each dtype, the model's decode path into it, the sm_90 figures
-against this GPU's own build). Exits 1 on any failure, 2 without a CUDA GPU.
+the suite's CUDA tests (the compiled kernel in each dtype, the model's decode path into it, the GPU build
+figures against this GPU's own build). Exits 1 on any failure, 2 without a CUDA GPU.
 
     python bench/gpu_check.py
 """
@@ -53,7 +53,7 @@ def check_one(name, B, Lq, S, dtype=torch.bfloat16, device="cuda"):
 def check():
     """The one GPU check: the bf16 kernel against the reference in every CHECK_CONFIGS plan,
     then the suite's CUDA tests (the compiled kernel in each dtype, the model's decode path
-    into it, the sm_90 figures against this GPU's own build). Exits 1 on any failure."""
+    into it, the GPU build figures against this GPU's own build). Exits 1 on any failure."""
     failures = []
     for name, B, Lq, S in CHECK_CONFIGS:
         try:

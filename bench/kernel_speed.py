@@ -6,7 +6,7 @@ valid tokens once, q, qv and the output), the GB/s that makes, its FLOP per byte
 the measured copy bandwidth) and the compute floor (its FLOPs at the peak of the MMAs the plan expects,
 kernels.TENSOR_FLOPS_PER_S), which one binds and the percent of it the call reaches, the time kernels.py's model
 predicts, passes (how often each group's cache is read: head blocks), the speedup over decode_attention_ref, and the
-largest difference from it. bench/sm90.py's table holds the same model for an H200.
+largest difference from it. bench/gpu_build.py's table holds the same model for an H200.
 
     python bench/kernel_speed.py [--output kernel_speed.csv] [--budget_s 600]
 """
@@ -43,7 +43,7 @@ def main(argv=None):
     copy_bw = 2 * COPY_BYTES / (do_bench(lambda: dst.copy_(src), return_mode="median") * 1e-3)  # reads + writes
     del src, dst
     print(f"{torch.cuda.get_device_name(dev)}: device-to-device copy bandwidth (the floor): {copy_bw / 1e9:.0f} GB/s")
-    num_sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    limits = kernels.device_limits(torch.cuda.current_device())  # the plan decode_attention makes on this GPU
     rows, skipped = [], []
     print("  ".join(COLUMNS))
     for name, (Hq, Hkv, Hk, Dk, Dv, use_qv) in BENCH_SHAPES.items():
@@ -63,7 +63,7 @@ def main(argv=None):
                     t = do_bench(lambda: kernels.decode_attention(q, k, v, seqlens, qv, max_seqlen=S, out=out),
                                  return_mode="median") * 1e-3
                     t_ref = do_bench(lambda: kernels.decode_attention_ref(q, k, v, seqlens, qv), return_mode="median")
-                    p = kernels._plan(B, Lq, Hq, Hkv, Hk, Dk, Dv, use_qv, dt.itemsize, S, None, num_sms)
+                    p = kernels._plan(B, Lq, Hq, Hkv, Hk, Dk, Dv, use_qv, dt.itemsize, S, None, limits)
                     flops = kernels.call_flops(B, Lq, Hq, Dk, Dv, use_qv, S)
                     mem_floor, compute_floor = (cache + io) / copy_bw, flops / kernels.TENSOR_FLOPS_PER_S[p["mma"]]
                     rows.append([name, B, S, Lq, p["n_head_blocks"], f"{t * 1e6:.1f}", f"{(cache + io) / 1e6:.1f}",
@@ -78,7 +78,7 @@ def main(argv=None):
     if skipped:
         print(f"skipped (out of time or memory): {'; '.join(skipped)}")
     if args.output:
-        from bench.sm90 import write_table
+        from bench.gpu_build import write_table
         write_table(args.output, COLUMNS, rows)
 
 

@@ -22,7 +22,7 @@ import plot  # noqa: E402
 from harness.files import atomic_write  # noqa: E402
 
 # The decode roofline. A design's arithmetic intensity (Zadouri, Strauss, Dao 2025, arXiv 2505.21487, Sec. 3) is the
-# kernel's FLOPs over the bytes it reads, kernels.call_flops / call_bytes, the formulas of bench/sm90.py's table; a
+# kernel's FLOPs over the bytes it reads, kernels.call_flops / call_bytes, the formulas of bench/gpu_build.py's table; a
 # GPU's ridge point is its tensor-core peak over its memory bandwidth: above it a step is compute-bound.
 ROOFLINE_LQ = (1, 2, 4, 8, 16)
 ROOFLINE_SEQLEN = 32768  # cached tokens: q, qv and the output add a few percent to the bytes at 8K, less beyond

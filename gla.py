@@ -24,7 +24,9 @@ within its group (query head g * n_head / n_groups + h), d per-head feature, r l
 import hashlib
 import math
 import numbers
+import pathlib
 import re
+import sys
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
@@ -33,7 +35,19 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from kernels import MAX_LQ, decode_attention, decode_attention_ref, decode_mask
+try:
+    from kernels import MAX_LQ, decode_attention, decode_attention_ref, decode_mask
+except ImportError:
+    # Hugging Face's `kernels` package (transformers >= 5 imports it) has our kernels.py's name: if it was imported
+    # first, `import kernels` gives it. Anything else (our kernels.py failing) raises as it is.
+    found = getattr(sys.modules.get("kernels"), "__file__", None)
+    if found is None or pathlib.Path(found).resolve() == pathlib.Path(__file__).resolve().with_name("kernels.py"):
+        raise
+    here = pathlib.Path(__file__).resolve().parent
+    raise ImportError(f"gla.py needs the kernels.py beside it, but `import kernels` gave {found} (Hugging Face's "
+                      "package, which transformers imports, has the same name); in a new process, put this folder "
+                      f"first on sys.path (sys.path.insert(0, {str(here)!r})), import gla before transformers, and "
+                      "import transformers through bench.common.import_transformers(), which loads both") from None
 
 # ---- The config: presets, the paper's ratios, the MLP width rule -----------------------------------------------------
 ATTN_TYPES = ("gqa", "mla", "gla")

@@ -621,6 +621,41 @@ def test_make_config_kv_lora_rank_sizes_the_latent_of_mla_and_gla_only():
         == 16
 
 
+def test_a_kernels_module_that_shadows_ours_is_named_in_one_line(monkeypatch):
+    """A notebook that imported transformers (and so Hugging Face's `kernels` package) before appending this folder
+    to sys.path: importing gla says which `kernels` it got and what to do, not "cannot import name 'MAX_LQ'"."""
+    hf_kernels = type(sys)("kernels")
+    hf_kernels.__file__ = "/site-packages/kernels/__init__.py"
+    monkeypatch.setitem(sys.modules, "kernels", hf_kernels)
+    spec = importlib.util.spec_from_file_location("gla_beside_hf", REPO / "gla.py")
+    with pytest.raises(ImportError, match=r"^gla.py needs the kernels.py beside it, but `import kernels` gave "
+                                          r"/site-packages/kernels/__init__.py .*sys.path.insert\(0, ") as caught:
+        spec.loader.exec_module(importlib.util.module_from_spec(spec))
+    assert "\n" not in str(caught.value) and caught.value.__suppress_context__
+
+
+def test_import_transformers_loads_hf_kernels_beside_ours(tmp_path, monkeypatch):
+    """transformers >= 5 runs `from kernels import CUDAProperties`; with our kernels.py first that raised. A stand-in
+    transformers and HF `kernels` (site-packages after this folder on sys.path, as for a user) import beside ours."""
+    site = tmp_path / "site-packages"
+    (site / "kernels").mkdir(parents=True)
+    (site / "kernels" / "__init__.py").write_text("CUDAProperties = 'hf'\n")
+    (site / "transformers" / "integrations").mkdir(parents=True)
+    (site / "transformers" / "__init__.py").write_text("")
+    (site / "transformers" / "integrations" / "__init__.py").write_text("")
+    (site / "transformers" / "integrations" / "hub_kernels.py").write_text("from kernels import CUDAProperties\n")
+    monkeypatch.setattr(sys, "path", [str(REPO), *sys.path, str(site)])
+    for name in ("transformers", "transformers.integrations", "transformers.integrations.hub_kernels"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    try:
+        transformers = common.import_transformers()
+        assert transformers.integrations.hub_kernels.CUDAProperties == "hf"
+        assert sys.modules["kernels"] is kernels and sys.path[0] == str(REPO)  # ours again for gla, tests, bench
+    finally:
+        for name in ("transformers", "transformers.integrations", "transformers.integrations.hub_kernels"):
+            sys.modules.pop(name, None)
+
+
 # ----------------------------------------------------------------------------
 # train.py --sample: the sampling command, on one process and tensor-parallel under torchrun
 
@@ -794,7 +829,7 @@ def test_decode_bench_prints_machine_and_tables_without_transformers(monkeypatch
 
     def no_transformers(config):
         heads.append(config.n_head)
-        raise ImportError("no transformers")
+        raise ModuleNotFoundError("No module named 'transformers'", name="transformers")
 
     monkeypatch.setattr(decode_cpu, "hf_twin", no_transformers)
     monkeypatch.setattr(decode_cpu, "CALLS", 1)

@@ -1,19 +1,51 @@
 """What the benchmarks share: the HF transformers model a user would pick instead, the machine's name,
 interleaved timing, and the GLA paper's per-device decode shapes (BENCH_SHAPES) with their inputs. transformers
 is a measuring stick here, not a dependency of the project."""
+import importlib
+import importlib.util
+import pathlib
 import platform
+import sys
 import time
 
 import torch
+
+OUR_KERNELS = pathlib.Path(__file__).resolve().parents[1] / "kernels.py"
+
+
+def import_transformers():
+    """HF transformers, imported beside our kernels.py; raises ModuleNotFoundError without it.
+
+    transformers >= 5 imports Hugging Face's `kernels` package, whose name our kernels.py (the design card's file
+    name) shares, and a process has one module of a name: whichever Python finds first. So we import transformers
+    with ours set aside (out of sys.modules, its folder off sys.path): HF's package loads, and transformers keeps the
+    names it took from it. Then we put ours back, so gla, the tests and bench/ go on with ours. transformers imports
+    from `kernels` again only to use Hub kernels (use_kernels=True), which our comparisons never ask for."""
+    if sys.modules.get("transformers") is not None:
+        return sys.modules["transformers"]
+    ours = sys.modules.pop("kernels", None)
+    path = sys.path[:]
+    sys.path[:] = [entry for entry in path if (pathlib.Path(entry or ".") / "kernels.py").resolve() != OUR_KERNELS]
+    try:
+        transformers = importlib.import_module("transformers")
+        # transformers loads its modules on first use: the one that imports HF's `kernels` must load now.
+        if importlib.util.find_spec("transformers.integrations.hub_kernels") is not None:
+            importlib.import_module("transformers.integrations.hub_kernels")
+    finally:
+        sys.path[:] = path
+        if ours is None:
+            sys.modules.pop("kernels", None)  # a later `import kernels` finds ours on sys.path
+        else:
+            sys.modules["kernels"] = ours
+    return transformers
 
 
 def hf_twin(config):
     """The HF transformers model with this GPTConfig's dims: GQA -> LlamaForCausalLM; MLA and GLA-g -> a dense
     DeepseekV3ForCausalLM (every layer dense; MLA with the same q_lora_rank, kv_lora_rank of all latent heads
     together, as HF has no GLA, and qk_nope / qk_rope / v head dims). Tied embeddings, no biases, SDPA attention.
-    Raises ImportError without transformers."""
-    import transformers
-
+    Raises ModuleNotFoundError without transformers."""
+    transformers = import_transformers()
     c = config
     common = dict(vocab_size=c.vocab_size, hidden_size=c.n_embd, intermediate_size=c.ffn_hidden,
                   num_hidden_layers=c.n_layer, num_attention_heads=c.n_head, max_position_embeddings=c.block_size,

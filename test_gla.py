@@ -38,7 +38,9 @@ import gla
 import kernels
 import plot
 import train
-from bench import common, decode_cpu, gpu_check, memory, roofline, sm90
+from harness.context import setup_context
+from harness.progress import training_flops_per_token
+from bench import common, decode_cpu, gpu_check, job_time, memory, roofline, sm90, train_speed
 
 REPO = pathlib.Path(__file__).resolve().parent
 
@@ -846,9 +848,60 @@ def test_decode_bench_prints_machine_and_tables_without_transformers(monkeypatch
         assert match in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("script", ["decode_cpu.py", "gpu_check.py", "kernel_speed.py", "memory.py", "roofline.py",
-                                    "sm90.py",
-                                    "train_cost.py", "train_speed.py"])
+class FixedStepTimes:
+    """A stand-in for bench.common.time_models: every model of the job takes `seconds` a step."""
+
+    def __init__(self, seconds):
+        self.seconds = seconds
+
+    def __call__(self, args, ctx, steps):
+        return {train.run_name(v, d): (train.model_config(args, v, d), self.seconds) for v, d in train.models_of(args)}
+
+
+def test_job_time_predicts_the_main_job_from_timed_steps_and_its_plan(monkeypatch, capsys):
+    """Issue 52: one command that prints this core's matmul GFLOP/s and the main job's time. With every step 0.5 s,
+    a run of the main job is 400 steps + 16 evaluations of 8 forwards (a third of a step each): 221.3 s; each of the
+    2 processes trains the six models of its seed in turn, so the job takes 6 x 221.3 s = 22 min."""
+    monkeypatch.setattr(job_time, "time_models", FixedStepTimes(0.5))
+    monkeypatch.setattr(job_time, "matmul_gflops", lambda: 85.0)
+    threads = torch.get_num_threads()
+    try:
+        job_time.main(["--jobs", "2"] if threads >= 2 else [])
+        out = capsys.readouterr().out
+        assert "one core's float32 matmul (1024^3 torch.mm, one thread): 85.0 GFLOP/s" in out
+        jobs = 2 if threads >= 2 else 1
+        assert f"estimate: 12 runs (6 model(s) x 2 seed(s)) of 400 steps, {jobs} process(es) side by side: about " \
+               f"{'22' if jobs == 2 else '44'} min in all" in out
+        job_time.main(["--attn", "mla", "--seeds", "4", "--jobs", "1", "--max_iters", "10", "--eval_interval", "5"])
+        run = 0.5 * (10 + 2 * 8 / 3)  # seconds: 10 steps, 2 evaluations of 8 forwards
+        assert f"4 runs (1 model(s) x 4 seed(s)) of 10 steps, 1 process(es) side by side: about {4 * run:.0f} s" \
+            in capsys.readouterr().out
+    finally:
+        torch.set_num_threads(threads)
+    with pytest.raises(SystemExit):
+        job_time.main(["--steps", "0"])
+    assert "--steps must be >= 1" in capsys.readouterr().err
+    args = train.get_args(["--n_layer", "1", "--n_embd", "32", "--head_dim", "8", "--block_size", "8",
+                           "--batch_size", "2"])
+    assert common.train_step_seconds(train.model_config(args, "gla2", True), args, setup_context("cpu"), 1) > 0
+
+
+def test_train_speed_prints_the_main_jobs_fraction_of_the_matmul_peak(monkeypatch, capsys):
+    """Issue 52: tokens/s x training FLOPs per token (the model's own count) over one core's matmul GFLOP/s."""
+    monkeypatch.setattr(train_speed, "time_models", FixedStepTimes(0.5))
+    monkeypatch.setattr(train_speed, "matmul_gflops", lambda: 100.0)
+    threads = torch.get_num_threads()
+    train_speed.main_job_fraction()
+    assert torch.get_num_threads() == threads
+    out = capsys.readouterr().out
+    config = gla.make_config("tiny", "gla2", True)
+    rate = 16 * 128 / 0.5 * training_flops_per_token(config) / 1e9  # GFLOP/s
+    assert re.search(rf"^gla2_double_heads +4,096 +{training_flops_per_token(config) / 1e6:.2f} +{rate:.1f} "
+                     rf"+{rate:.0f}%$", out, re.M), out
+
+
+@pytest.mark.parametrize("script", ["decode_cpu.py", "gpu_check.py", "job_time.py", "kernel_speed.py", "memory.py",
+                                    "roofline.py", "sm90.py", "train_cost.py", "train_speed.py"])
 def test_bench_scripts_answer_help_from_anywhere(script):
     r = subprocess.run([sys.executable, str(REPO / "bench" / script), "--help"], cwd="/", capture_output=True,
                        text=True, timeout=120)

@@ -5,10 +5,14 @@ import importlib
 import importlib.util
 import pathlib
 import platform
+import statistics
 import sys
 import time
 
 import torch
+
+import gla
+import train
 
 OUR_KERNELS = pathlib.Path(__file__).resolve().parents[1] / "kernels.py"
 
@@ -76,6 +80,53 @@ def machine(device="cpu"):
         except (OSError, StopIteration):
             pass
     return f"{name}, {torch.get_num_threads()} threads, torch {torch.__version__}"
+
+
+def matmul_gflops(n=1024, reps=10):
+    """This process's float32 matrix-product speed in GFLOP/s, on the threads torch has now (set one for a core's
+    figure): 2 n^3 FLOPs of an n x n x n torch.mm over the fastest of `reps` calls, after a warm-up call. The issue
+    that asked for it (52) measured 1024^3 on one thread: 34 GFLOP/s on an AVX2 EPYC, about 85 on README's cores."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    torch.mm(a, b)
+    best = float("inf")
+    for _ in range(reps):
+        t = time.perf_counter()
+        torch.mm(a, b)
+        best = min(best, time.perf_counter() - t)
+    return 2 * n**3 / best / 1e9
+
+
+def train_step_seconds(config, args, ctx, steps, warmup=2):
+    """Median wall seconds of one of train.py's optimizer steps of a GPT of `config`, at args.batch_size sequences in
+    args.grad_accum micro-batches, on the threads torch has now: train.train_step (forward and backward), the gradient
+    clip and the fused AdamW step, as train.py's loop runs them, on random tokens (the speed does not depend on them),
+    after `warmup` steps. args: train.get_args's; ctx: a harness.context.Context."""
+    torch.manual_seed(0)
+    model = gla.GPT(config).to(ctx.device)
+    optimizer = train.make_optimizer(model, args)
+    tokens = torch.randint(config.vocab_size, (args.batch_size, config.block_size + 1))
+    x, y = tokens[:, :-1], tokens[:, 1:]
+    seconds = []
+    for _ in range(warmup + steps):
+        t = time.perf_counter()
+        train.train_step(model, x, y, args, ctx)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip).item()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if ctx.device.type == "cuda":
+            torch.cuda.synchronize()
+        seconds.append(time.perf_counter() - t)
+    return statistics.median(seconds[warmup:])
+
+
+def time_models(args, ctx, steps):
+    """{run name: (GPTConfig, median seconds of a step)} of each model that train.py trains with args
+    (train.models_of), timed by train_step_seconds one after the other."""
+    timed = {}
+    for variant, double_heads in train.models_of(args):
+        config = train.model_config(args, variant, double_heads)
+        timed[train.run_name(variant, double_heads)] = (config, train_step_seconds(config, args, ctx, steps))
+    return timed
 
 
 def time_interleaved(contenders, repeats, warmup=1):

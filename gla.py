@@ -568,6 +568,8 @@ class GPT(nn.Module):
         if cache.k_cache.shape[0] != B or cache_seqlens.shape != (B,):
             raise ValueError(f"cache holds {cache.k_cache.shape[0]} sequences, got idx {tuple(idx.shape)} "
                              f"and cache_seqlens {tuple(cache_seqlens.shape)}")
+        if max_seqlen is not None and max_seqlen < Lq:
+            raise ValueError(f"max_seqlen={max_seqlen} must count the Lq={Lq} new tokens too")
         if max_seqlen is None or not (cache_seqlens.is_cuda or torch.compiler.is_compiling()):
             lo, hi = (int(x) for x in torch.aminmax(cache_seqlens))  # on CUDA: waits for the GPU
             if lo < 0:
@@ -580,8 +582,6 @@ class GPT(nn.Module):
         if max_seqlen > capacity:
             raise ValueError(f"decode past the cache capacity: {max_seqlen} tokens > max_seq_len={capacity}; "
                              "call setup_cache with a larger max_seq_len")
-        if max_seqlen < Lq:
-            raise ValueError(f"max_seqlen={max_seqlen} must count the Lq={Lq} new tokens too")
         positions = cache_seqlens[:, None].long() + torch.arange(Lq, device=idx.device)  # (B, Lq)
         slots = CacheSlots(positions, (cache_seqlens + Lq).to(torch.int32), max_seqlen)
         if slots.use_decode_attention and not idx.is_cuda:  # the CPU decode path: one mask for every layer

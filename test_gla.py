@@ -39,7 +39,7 @@ import gla
 import kernels
 import plot
 import train
-from bench import common, decode_cpu, gpu_build, gpu_check, roofline
+from bench import common, decode_cpu, gpu_build, gpu_check, job_time, roofline, train_speed
 from bench import memory as memory_bench
 from harness import checkpoints, context, files, memory, preflight, progress, sampling, stops
 import harness.data
@@ -489,7 +489,7 @@ def test_sampling_top_k_zero_keeps_every_token_and_bad_arguments_raise(monkeypat
     model = small_model("gqa")
     prompt = torch.zeros(1, 3, dtype=torch.long)
     for kwargs, match in [(dict(temperature=-0.5), "temperature must be >= 0"), (dict(top_k=-1), "top_k must be >= 0"),
-                          (dict(max_new_tokens=-1), "max_new_tokens >= 0")]:
+                          (dict(max_new_tokens=-1), "max_new_tokens must be an integer >= 0")]:
         with pytest.raises(ValueError, match=match):
             model.generate(prompt, **{"max_new_tokens": 2, **kwargs})
 
@@ -510,6 +510,155 @@ def test_decode_past_capacity_and_without_cache():
     with pytest.raises(ValueError, match="max_seqlen=2 must count the Lq=3 new tokens"):
         model.decode(torch.zeros(1, 3, dtype=torch.long), torch.zeros(1, dtype=torch.int32), max_seqlen=2)
     assert torch.equal(model.blocks[0].attn.cache.v_cache, before)  # nothing was written
+
+
+def test_generate_stops_at_block_size_as_forward_does():
+    model = small_model("gqa", n_layer=1, block_size=16)
+    prompt = torch.zeros(2, 3, dtype=torch.long)
+    assert model.generate(prompt, max_new_tokens=13, temperature=0).shape == (2, 16)  # exactly block_size
+    with pytest.raises(ValueError, match=r"3-token prompt \+ max_new_tokens=14 exceed block_size=16"):
+        model.generate(prompt, max_new_tokens=14, temperature=0)
+    with pytest.raises(ValueError, match="block_size=16"):
+        model(torch.zeros(1, 17, dtype=torch.long))
+
+
+def test_decode_with_max_seqlen_checks_cache_seqlens_on_the_cpu():
+    """With a host-side bound, decode still reads cache_seqlens on the CPU (free there), so a negative length or a
+    bound below the lengths raises before anything is written, as the docstring promises."""
+    model = small_model("gla2", n_layer=1)
+    model.setup_cache(2, 8)
+    model.decode(torch.zeros(2, 4, dtype=torch.long), torch.zeros(2, dtype=torch.int32))
+    before = model.blocks[0].attn.cache.v_cache.clone()
+    one = torch.zeros(2, 1, dtype=torch.long)
+    with pytest.raises(ValueError, match="cache_seqlens must be >= 0"):
+        model.decode(one, torch.tensor([4, -1], dtype=torch.int32), max_seqlen=5)
+    with pytest.raises(ValueError, match=r"max_seqlen=5 is below max\(cache_seqlens\) \+ Lq = 6 \+ 1"):
+        model.decode(one, torch.tensor([4, 6], dtype=torch.int32), max_seqlen=5)
+    assert torch.equal(model.blocks[0].attn.cache.v_cache, before)  # nothing was written
+    model.decode(one, torch.full((2,), 4, dtype=torch.int32), max_seqlen=5)  # a right bound passes
+
+
+@pytest.mark.parametrize("name", ["n_head", "n_kv_head", "n_layer", "n_embd", "head_dim", "kv_lora_rank"])
+@pytest.mark.parametrize("value", [0, -2, 2.5])
+def test_make_config_refuses_a_size_it_would_have_defaulted(name, value):
+    """make_config(n_head=0) used the default: each keyword left None takes the default, anything else is checked."""
+    with pytest.raises(gla.ConfigError, match=f"^{name}={value} must be a positive integer$"):
+        gla.make_config("tiny", "gla2", **{name: value})
+
+
+@pytest.mark.parametrize("field, value", [("rope_theta", 0.0), ("rope_theta", -1.0), ("rope_theta", math.inf),
+                                          ("rope_theta", math.nan), ("norm_eps", -1e-6), ("norm_eps", math.nan),
+                                          ("init_std", -0.02)])
+def test_config_refuses_what_gives_nan_logits(field, value):
+    with pytest.raises(gla.ConfigError, match=f"^{field}={value!r} must be a finite number"):
+        gla.make_config("tiny", "mla", **{field: value})
+    logits, _ = small_model("mla", norm_eps=0.0, rope_theta=2.0)(torch.randint(0, 256, (1, 8)))
+    assert torch.isfinite(logits).all()  # the edges that still make sense
+
+
+def test_generate_and_sample_name_a_bad_argument():
+    model = small_model("gqa", n_layer=1)
+    prompt = torch.zeros(1, 3, dtype=torch.long)
+    for idx, kwargs, match in [
+            (prompt, dict(max_new_tokens=2.0), "max_new_tokens must be an integer >= 0, got 2.0"),
+            (prompt, dict(top_k=2.5), r"top_k must be >= 0, an integer \(0 or None: no filtering\), got 2.5"),
+            (prompt, dict(temperature=math.inf), r"temperature must be >= 0 and finite \(0 = greedy\), got inf"),
+            (prompt, dict(temperature=math.nan), "temperature must be >= 0 and finite"),
+            (torch.zeros(0, 3, dtype=torch.long), {}, r"idx must hold at least one prompt .* got shape \(0, 3\)"),
+            (torch.zeros(2, 0, dtype=torch.long), {}, r"at least one token, got shape \(2, 0\)"),
+            (torch.zeros(1, 3), {}, r"idx must be a \(B, T\) tensor of integer token ids, got a torch.float32")]:
+        with pytest.raises(ValueError, match=match):
+            model.generate(idx, **{"max_new_tokens": 2, **kwargs})
+    with pytest.raises(ValueError, match="top_k must be >= 0"):
+        gla.sample(torch.zeros(1, 4), temperature=1.0, top_k=2.5)
+    for name, value in ("batch_size", 0), ("max_seq_len", 0), ("max_seq_len", 2.0):
+        with pytest.raises(ValueError, match=f"{name}={value!r} must be a positive integer"):
+            model.setup_cache(**{"batch_size": 1, "max_seq_len": 4, name: value})
+
+
+def test_a_tiny_temperature_samples_the_likeliest_token():
+    """logits / 1e-40 overflowed to inf and softmax gave NaN (torch.multinomial raised): we scale logits - max in
+    float64, so a tiny temperature keeps only the likeliest tokens, ties drawn between them."""
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0], [0.0, 3.0, 1.0, 2.9999]])
+    for temperature in (1e-40, 1e-300, 5e-324):
+        assert gla.sample(logits, temperature).tolist() == [0, 1]
+        assert gla.sample(logits, temperature, top_k=2).tolist() == [0, 1]
+    tied = torch.tensor([[5.0, 5.0, 0.0]]).expand(400, 3)
+    assert set(gla.sample(tied, 1e-40).tolist()) == {0, 1}
+    model = small_model("mla", n_layer=1)
+    prompt = torch.randint(0, 256, (2, 4))
+    assert torch.equal(model.generate(prompt, 6, temperature=1e-40), model.generate(prompt, 6, temperature=0))
+
+
+def test_tp_share_refuses_a_rank_out_of_range():
+    config = gla.make_config("tiny", "gla2")
+    assert gla.tp_share(config, 1, 2).heads == range(4, 8)
+    for rank in (2, -1, 1.0):
+        with pytest.raises(ValueError, match=rf"rank={rank!r} must be an integer in \[0, tp=2\)"):
+            gla.tp_share(config, rank, 2)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(variant="gqa", n_embd=16, head_dim=32), r"head_dim=32 exceeds n_embd=16: the default n_head"),
+    (dict(variant="gqa", head_dim=512), r"head_dim=512 exceeds n_embd=256 \(the tiny preset's\)"),
+    (dict(variant="mla", head_dim=6), r"head_dim=6 must be a multiple of 4 for mla: its shared roped key is "
+                                      r"head_dim / 2 = 3 wide"),
+    (dict(variant="gla2", n_embd=8, head_dim=4), r"n_embd=8 is too narrow for gla2"),
+    (dict(variant="mla", double_heads=True, n_head=6, n_embd=32, head_dim=8),
+     r"mla with 2 x n_head=6 \(double_heads\) query heads \(n_head=6, n_embd=32, head_dim=8, preset tiny\) "
+     r"leaves the MLP no width"),
+    (dict(variant="gla2", kv_lora_rank=3), r"GLA-2 cannot split kv_lora_rank=3 into 2 equal latent heads")])
+def test_make_config_names_what_the_user_set(kwargs, match):
+    """Each of these named a field the user never set (n_head=0, qk_rope_head_dim, ffn_hidden=-8)."""
+    with pytest.raises(gla.ConfigError, match=match):
+        gla.make_config("tiny", **kwargs)
+
+
+def test_make_config_kv_lora_rank_sizes_the_latent_of_mla_and_gla_only():
+    assert gla.make_config("tiny", "mla").kv_lora_rank == 4 * 32  # the default: 4 head_dim
+    for variant in "mla", "gla2":
+        for double_heads in False, True:
+            config = gla.make_config("tiny", variant, double_heads, kv_lora_rank=16)
+            assert config.kv_lora_rank == 16 and config.kv_cache_elems_per_token_per_layer == 16 + 16
+            assert config.ffn_hidden == gla.swiglu_width(config)  # the width rule counts the narrower latent
+    assert gla.make_config("tiny", "gqa", kv_lora_rank=16) == gla.make_config("tiny", "gqa")  # GQA has no latent
+    assert train.model_config(train.get_args(["--attn", "gla2", "--kv_lora_rank", "16"]), "gla2", True).kv_lora_rank \
+        == 16
+
+
+def test_a_kernels_module_that_shadows_ours_is_named_in_one_line(monkeypatch):
+    """A notebook that imported transformers (and so Hugging Face's `kernels` package) before appending this folder
+    to sys.path: importing gla says which `kernels` it got and what to do, not "cannot import name 'MAX_LQ'"."""
+    hf_kernels = type(sys)("kernels")
+    hf_kernels.__file__ = "/site-packages/kernels/__init__.py"
+    monkeypatch.setitem(sys.modules, "kernels", hf_kernels)
+    spec = importlib.util.spec_from_file_location("gla_beside_hf", REPO / "gla.py")
+    with pytest.raises(ImportError, match=r"^gla.py needs the kernels.py beside it, but `import kernels` gave "
+                                          r"/site-packages/kernels/__init__.py .*sys.path.insert\(0, ") as caught:
+        spec.loader.exec_module(importlib.util.module_from_spec(spec))
+    assert "\n" not in str(caught.value) and caught.value.__suppress_context__
+
+
+def test_import_transformers_loads_hf_kernels_beside_ours(tmp_path, monkeypatch):
+    """transformers >= 5 runs `from kernels import CUDAProperties`; with our kernels.py first that raised. A stand-in
+    transformers and HF `kernels` (site-packages after this folder on sys.path, as for a user) import beside ours."""
+    site = tmp_path / "site-packages"
+    (site / "kernels").mkdir(parents=True)
+    (site / "kernels" / "__init__.py").write_text("CUDAProperties = 'hf'\n")
+    (site / "transformers" / "integrations").mkdir(parents=True)
+    (site / "transformers" / "__init__.py").write_text("")
+    (site / "transformers" / "integrations" / "__init__.py").write_text("")
+    (site / "transformers" / "integrations" / "hub_kernels.py").write_text("from kernels import CUDAProperties\n")
+    monkeypatch.setattr(sys, "path", [str(REPO), *sys.path, str(site)])
+    for name in ("transformers", "transformers.integrations", "transformers.integrations.hub_kernels"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    try:
+        transformers = common.import_transformers()
+        assert transformers.integrations.hub_kernels.CUDAProperties == "hf"
+        assert sys.modules["kernels"] is kernels and sys.path[0] == str(REPO)  # ours again for gla, tests, bench
+    finally:
+        for name in ("transformers", "transformers.integrations", "transformers.integrations.hub_kernels"):
+            sys.modules.pop(name, None)
 
 
 # ----------------------------------------------------------------------------
@@ -694,7 +843,7 @@ def test_decode_bench_prints_machine_and_tables_without_transformers(monkeypatch
 
     def no_transformers(config):
         heads.append(config.n_head)
-        raise ImportError("no transformers")
+        raise ModuleNotFoundError("No module named 'transformers'", name="transformers")
 
     monkeypatch.setattr(decode_cpu, "hf_twin", no_transformers)
     monkeypatch.setattr(decode_cpu, "CALLS", 1)
@@ -711,8 +860,61 @@ def test_decode_bench_prints_machine_and_tables_without_transformers(monkeypatch
         assert match in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("script", ["decode_cpu.py", "gpu_build.py", "gpu_check.py", "kernel_speed.py", "memory.py",
-                                    "roofline.py", "train_cost.py", "train_speed.py"])
+class FixedStepTimes:
+    """A stand-in for bench.common.time_models: every model of the job takes `seconds` a step."""
+
+    def __init__(self, seconds):
+        self.seconds = seconds
+
+    def __call__(self, args, ctx, steps):
+        return {train.run_name(v, d): (train.model_config(args, v, d), self.seconds) for v, d in train.models_of(args)}
+
+
+def test_job_time_predicts_the_main_job_from_timed_steps_and_its_plan(monkeypatch, capsys):
+    """Issue 52: one command that prints this core's matmul GFLOP/s and the main job's time. With every step 0.5 s,
+    a run of the main job is 400 steps + 16 evaluations of 8 forwards (a third of a step each): 221.3 s; each of the
+    2 processes trains the six models of its seed in turn, so the job takes 6 x 221.3 s = 22 min."""
+    monkeypatch.setattr(job_time, "time_models", FixedStepTimes(0.5))
+    monkeypatch.setattr(job_time, "matmul_gflops", lambda: 85.0)
+    threads = torch.get_num_threads()
+    try:
+        job_time.main(["--jobs", "2"] if threads >= 2 else [])
+        out = capsys.readouterr().out
+        assert "one core's float32 matmul (1024^3 torch.mm, one thread): 85.0 GFLOP/s" in out
+        jobs = 2 if threads >= 2 else 1
+        assert f"estimate: 12 runs (6 model(s) x 2 seed(s)) of 400 steps, {jobs} process(es) side by side: about " \
+               f"{'22' if jobs == 2 else '44'} min in all" in out
+        job_time.main(["--attn", "mla", "--seeds", "4", "--jobs", "1", "--max_iters", "10", "--eval_interval", "5"])
+        run = 0.5 * (10 + 2 * 8 / 3)  # seconds: 10 steps, 2 evaluations of 8 forwards
+        assert f"4 runs (1 model(s) x 4 seed(s)) of 10 steps, 1 process(es) side by side: about {4 * run:.0f} s" \
+            in capsys.readouterr().out
+    finally:
+        torch.set_num_threads(threads)
+    with pytest.raises(SystemExit):
+        job_time.main(["--steps", "0"])
+    assert "--steps must be >= 1" in capsys.readouterr().err
+    args = train.get_args(["--n_layer", "1", "--n_embd", "32", "--head_dim", "8", "--block_size", "8",
+                           "--batch_size", "2"])
+    assert common.train_step_seconds(train.model_config(args, "gla2", True), args, context.setup_context("cpu"), 1) > 0
+
+
+def test_train_speed_prints_the_main_jobs_fraction_of_the_matmul_peak(monkeypatch, capsys):
+    """Issue 52: tokens/s x training FLOPs per token (the model's own count) over one core's matmul GFLOP/s."""
+    monkeypatch.setattr(train_speed, "time_models", FixedStepTimes(0.5))
+    monkeypatch.setattr(train_speed, "matmul_gflops", lambda: 100.0)
+    threads = torch.get_num_threads()
+    train_speed.main_job_fraction()
+    assert torch.get_num_threads() == threads
+    out = capsys.readouterr().out
+    config = gla.make_config("tiny", "gla2", True)
+    flops = progress.training_flops_per_token(config)
+    rate = 16 * 128 / 0.5 * flops / 1e9  # GFLOP/s
+    assert re.search(rf"^gla2_double_heads +4,096 +{flops / 1e6:.2f} +{rate:.1f} "
+                     rf"+{rate:.0f}%$", out, re.M), out
+
+
+@pytest.mark.parametrize("script", ["decode_cpu.py", "gpu_build.py", "gpu_check.py", "job_time.py", "kernel_speed.py",
+                                    "memory.py", "roofline.py", "train_cost.py", "train_speed.py"])
 def test_bench_scripts_answer_help_from_anywhere(script):
     r = subprocess.run([sys.executable, str(REPO / "bench" / script), "--help"], cwd="/", capture_output=True,
                        text=True, timeout=120)

@@ -1,19 +1,55 @@
 """What the benchmarks share: the HF transformers model a user would pick instead, the machine's name,
 interleaved timing, and the GLA paper's per-device decode shapes (BENCH_SHAPES) with their inputs. transformers
 is a measuring stick here, not a dependency of the project."""
+import importlib
+import importlib.util
+import pathlib
 import platform
+import statistics
+import sys
 import time
 
 import torch
+
+import gla
+import train
+
+OUR_KERNELS = pathlib.Path(__file__).resolve().parents[1] / "kernels.py"
+
+
+def import_transformers():
+    """HF transformers, imported beside our kernels.py; raises ModuleNotFoundError without it.
+
+    transformers >= 5 imports Hugging Face's `kernels` package, whose name our kernels.py (the design card's file
+    name) shares, and a process has one module of a name: whichever Python finds first. So we import transformers
+    with ours set aside (out of sys.modules, its folder off sys.path): HF's package loads, and transformers keeps the
+    names it took from it. Then we put ours back, so gla, the tests and bench/ go on with ours. transformers imports
+    from `kernels` again only to use Hub kernels (use_kernels=True), which our comparisons never ask for."""
+    if sys.modules.get("transformers") is not None:
+        return sys.modules["transformers"]
+    ours = sys.modules.pop("kernels", None)
+    path = sys.path[:]
+    sys.path[:] = [entry for entry in path if (pathlib.Path(entry or ".") / "kernels.py").resolve() != OUR_KERNELS]
+    try:
+        transformers = importlib.import_module("transformers")
+        # transformers loads its modules on first use: the one that imports HF's `kernels` must load now.
+        if importlib.util.find_spec("transformers.integrations.hub_kernels") is not None:
+            importlib.import_module("transformers.integrations.hub_kernels")
+    finally:
+        sys.path[:] = path
+        if ours is None:
+            sys.modules.pop("kernels", None)  # a later `import kernels` finds ours on sys.path
+        else:
+            sys.modules["kernels"] = ours
+    return transformers
 
 
 def hf_twin(config):
     """The HF transformers model with this GPTConfig's dims: GQA -> LlamaForCausalLM; MLA and GLA-g -> a dense
     DeepseekV3ForCausalLM (every layer dense; MLA with the same q_lora_rank, kv_lora_rank of all latent heads
     together, as HF has no GLA, and qk_nope / qk_rope / v head dims). Tied embeddings, no biases, SDPA attention.
-    Raises ImportError without transformers."""
-    import transformers
-
+    Raises ModuleNotFoundError without transformers."""
+    transformers = import_transformers()
     c = config
     common = dict(vocab_size=c.vocab_size, hidden_size=c.n_embd, intermediate_size=c.ffn_hidden,
                   num_hidden_layers=c.n_layer, num_attention_heads=c.n_head, max_position_embeddings=c.block_size,
@@ -44,6 +80,53 @@ def machine(device="cpu"):
         except (OSError, StopIteration):
             pass
     return f"{name}, {torch.get_num_threads()} threads, torch {torch.__version__}"
+
+
+def matmul_gflops(n=1024, reps=10):
+    """This process's float32 matrix-product speed in GFLOP/s, on the threads torch has now (set one for a core's
+    figure): 2 n^3 FLOPs of an n x n x n torch.mm over the fastest of `reps` calls, after a warm-up call. The issue
+    that asked for it (52) measured 1024^3 on one thread: 34 GFLOP/s on an AVX2 EPYC, about 85 on README's cores."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    torch.mm(a, b)
+    best = float("inf")
+    for _ in range(reps):
+        t = time.perf_counter()
+        torch.mm(a, b)
+        best = min(best, time.perf_counter() - t)
+    return 2 * n**3 / best / 1e9
+
+
+def train_step_seconds(config, args, ctx, steps, warmup=2):
+    """Median wall seconds of one of train.py's optimizer steps of a GPT of `config`, at args.batch_size sequences in
+    args.grad_accum micro-batches, on the threads torch has now: train.train_step (forward and backward), the gradient
+    clip and the fused AdamW step, as train.py's loop runs them, on random tokens (the speed does not depend on them),
+    after `warmup` steps. args: train.get_args's; ctx: a harness.context.Context."""
+    torch.manual_seed(0)
+    model = gla.GPT(config).to(ctx.device)
+    optimizer = train.make_optimizer(model, args)
+    tokens = torch.randint(config.vocab_size, (args.batch_size, config.block_size + 1))
+    x, y = tokens[:, :-1], tokens[:, 1:]
+    seconds = []
+    for _ in range(warmup + steps):
+        t = time.perf_counter()
+        train.train_step(model, x, y, args, ctx)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip).item()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if ctx.device.type == "cuda":
+            torch.cuda.synchronize()
+        seconds.append(time.perf_counter() - t)
+    return statistics.median(seconds[warmup:])
+
+
+def time_models(args, ctx, steps):
+    """{run name: (GPTConfig, median seconds of a step)} of each model that train.py trains with args
+    (train.models_of), timed by train_step_seconds one after the other."""
+    timed = {}
+    for variant, double_heads in train.models_of(args):
+        config = train.model_config(args, variant, double_heads)
+        timed[train.run_name(variant, double_heads)] = (config, train_step_seconds(config, args, ctx, steps))
+    return timed
 
 
 def time_interleaved(contenders, repeats, warmup=1):

@@ -56,15 +56,15 @@ def main(argv=None):
     names = ["ours"] + (["ours compiled"] if args.compile else []) + ["HF"]
     print("| variant | B | " + " | ".join(f"{n} tok/s" for n in names) + " | "
           + " | ".join(f"{n} / HF" for n in names[:-1]) + " |\n|---|---|" + "---|" * (2 * len(names) - 1))
-    hf_missing = False
+    hf_missing = None
     for variant, config in configs.items():
         model = gla.GPT(config).eval()
         try:
             hf = hf_twin(config).eval()
             hf.generation_config.eos_token_id = None  # always N new tokens, as ours
             hf.generation_config.pad_token_id = 0
-        except ImportError:
-            hf, hf_missing = None, True
+        except ModuleNotFoundError as e:  # not installed; any other error is a failure to see
+            hf, hf_missing = None, e
         for B in args.batch_sizes:
             idx = torch.randint(0, config.vocab_size, (B, P))
             contenders = {"ours": lambda: model.generate(idx, N, temperature=0)}
@@ -80,7 +80,7 @@ def main(argv=None):
                       for n in names[:-1]]
             print(f"| {variant} | {B} | " + " | ".join(rates + ratios) + " |", flush=True)
     if hf_missing:
-        print("\n(HF columns empty: transformers is not installed)")
+        print(f"\n(HF columns empty: {hf_missing}; pip install transformers to compare)")
 
     L = args.context_len
     print(f"\nThe next token at {L} tokens, B=1: one decode step over the {L - 1} cached tokens against the full "

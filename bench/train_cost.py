@@ -24,18 +24,7 @@ from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 import gla  # noqa: E402
 import train  # noqa: E402
 from harness.data import TokenData  # noqa: E402
-from bench.common import machine  # noqa: E402
-
-
-def matmul_peak(n=256, reps=200):
-    """Best FLOP/s of an n x n x n float32 torch.mm on this thread."""
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    best = float("inf")
-    for _ in range(reps):
-        t = time.perf_counter()
-        torch.mm(a, b)
-        best = min(best, time.perf_counter() - t)
-    return 2 * n**3 / best
+from bench.common import machine, matmul_gflops  # noqa: E402
 
 
 def main(argv=None):
@@ -43,7 +32,7 @@ def main(argv=None):
     p.add_argument("--steps", type=int, default=20, help="timed training steps per run, after 3 warm-up ones")
     steps = p.parse_args(argv).steps
     torch.set_num_threads(1)
-    peak = matmul_peak()
+    peak = matmul_gflops(256, reps=200) * 1e9  # the best case of a small product
     print(f"{machine()}; torch.mm 256^3 peak {peak / 1e9:.1f} GFLOP/s")
     print(f"{'run':<18} {'GFLOP/step':>10} {'tokens/s':>9} {'GFLOP/s':>8} {'% of mm peak':>12} {'eval share':>10}")
     for variant, double_heads in [(v, d) for v in gla.VARIANTS for d in (False, True)]:

@@ -5,6 +5,10 @@ two batch shapes; the two take turns step by step in one process, so both see th
 the median of the timed steps after warm-up ones. HF's model (bench/common.hf_twin: Llama for GQA, a dense
 DeepSeek-V3 for MLA and GLA-2) is timed only if transformers is installed.
 
+On a CPU it first times the main job's steps (train.py's tiny preset and batch, its optimizer step, one thread as
+each --jobs process has) and prints their FLOP rate (harness/progress.training_flops_per_token) as a fraction of one
+core's float32 matmul GFLOP/s (bench/common.matmul_gflops).
+
     python bench/train_speed.py [--preset tiny] [--device cpu] [--compile]
 """
 import argparse
@@ -20,10 +24,35 @@ import gla  # noqa: E402
 import train  # noqa: E402
 from harness.context import setup_context  # noqa: E402
 from harness.stops import UsageError  # noqa: E402
-from bench.common import hf_twin, machine, time_interleaved  # noqa: E402
+from harness.progress import training_flops_per_token  # noqa: E402
+from bench.common import (hf_twin, import_transformers, machine, matmul_gflops, time_interleaved,  # noqa: E402
+                          time_models)
 
 SHAPES = ((16, 128), (8, 512))  # (sequences, tokens each) per training step
 STEPS, WARMUP = 6, 2
+MAIN_JOB_STEPS = 5  # timed steps per model of the main job, after 2 warm-up ones
+
+
+def main_job_fraction():
+    """Print the main job's training FLOP rate per model (float32, one thread on the CPU, as train.py's --jobs
+    processes train it) as a fraction of one core's matmul GFLOP/s."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        gflops = matmul_gflops()
+        args = train.get_args(["--attn", "all"])
+        print(f"the main job (train.py --attn all: tiny preset, {args.batch_size} x {args.max_iters} steps per run), "
+              f"one thread; one core's float32 matmul (1024^3 torch.mm): {gflops:.1f} GFLOP/s")
+        print(f"{'model':<20}{'tokens/s':>9}{'MFLOP/token':>12}{'GFLOP/s':>9}{'of matmul':>11}")
+        for name, (config, step_s) in time_models(args, setup_context("cpu"), MAIN_JOB_STEPS).items():
+            tokens_per_s = args.batch_size * config.block_size / step_s
+            flops_per_token = training_flops_per_token(config)
+            rate = tokens_per_s * flops_per_token / 1e9
+            print(f"{name:<20}{tokens_per_s:>9,.0f}{flops_per_token / 1e6:>12.2f}{rate:>9.1f}"
+                  f"{100 * rate / gflops:>10.0f}%", flush=True)
+    finally:
+        torch.set_num_threads(threads)
+    print()
 
 
 def main(argv=None):
@@ -41,10 +70,12 @@ def main(argv=None):
         p.error(str(e))
     device = ctx.device
     try:
-        import transformers  # noqa: F401
+        import_transformers()
         contenders = ("ours", "hf")
-    except ImportError:
+    except ModuleNotFoundError:  # not installed; any other error is a failure to see
         contenders = ("ours",)
+    if device.type == "cpu":
+        main_job_fraction()
     print(f"training throughput on {machine(device)}, {ctx.dtype}"
           + ("" if "hf" in contenders else "; pip install transformers to compare with HF"))
     print(f"{'model':<20}{'batch':>9}{'ours tok/s':>12}"

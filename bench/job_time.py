@@ -1,0 +1,71 @@
+"""How long a train.py job takes on this CPU, predicted in about half a minute: this core's one-thread float32 matmul
+GFLOP/s, then a few timed training steps of each of the job's models on the threads each --jobs process gets, summed
+over the job's plan.
+
+Without flags it predicts the main job, `python train.py --attn all`; any train.py flag changes the job (e.g.
+--seeds 4). The job's plan is train.py's: its defaults per preset, its seeds split over the processes side by side
+(harness/preflight.jobs_of: one a core), each process training all its runs in turn. A run's time is its FLOPs
+(harness/progress.plan_run: its steps and evaluations, training_flops_per_token) at the FLOP rate its model's timed
+steps reached. Process start, data loading and checkpoints are left out (a few seconds a run).
+
+    python bench/job_time.py [--steps 3] [train.py flags]
+"""
+import argparse
+import pathlib
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # the repository's modules
+
+import torch  # noqa: E402
+
+import train  # noqa: E402
+from harness import preflight, progress  # noqa: E402
+from harness.context import setup_context  # noqa: E402
+from harness.stops import UsageError  # noqa: E402
+from bench.common import machine, matmul_gflops, time_models  # noqa: E402
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                epilog="Any other flag is train.py's (python train.py --help); default: --attn all")
+    p.add_argument("--steps", type=int, default=3, help="timed training steps per model, after 2 warm-up ones")
+    ours, train_flags = p.parse_known_args(argv)
+    if ours.steps < 1:
+        p.error(f"--steps must be >= 1, got {ours.steps}")
+    try:
+        args = train.get_args(["--attn", "all", *train_flags])  # a later --attn wins
+        ctx = setup_context(args.device or "cpu", args.dtype)
+        if ctx.device.type != "cpu":
+            raise UsageError("bench/job_time.py predicts a CPU job; drop --device")
+        n_jobs = preflight.jobs_of(args, ctx)
+    except UsageError as e:
+        p.error(str(e))
+    threads = ctx.threads // n_jobs
+    torch.set_num_threads(1)
+    gflops = matmul_gflops()
+    torch.set_num_threads(threads)
+    print(f"{machine()}\none core's float32 matmul (1024^3 torch.mm, one thread): {gflops:.1f} GFLOP/s")
+    print(f"each of {n_jobs} process(es) side by side trains on {threads} thread(s); {args.batch_size} x "
+          f"{args.max_iters} steps per run; timed: {ours.steps} steps per model\n")
+    print(f"{'model':<20}{'GFLOP/step':>11}{'s/step':>8}{'tokens/s':>10}{'GFLOP/s':>9}{'of matmul':>11}{'run min':>9}")
+    run_seconds = {}
+    for name, (config, step_s) in time_models(args, ctx, ours.steps).items():
+        run = progress.plan_run(name, config, args.max_iters, args.batch_size, args.eval_interval, args.eval_iters,
+                                args.max_iters)
+        rate = run.step_flops / step_s  # FLOP/s
+        run_seconds[name] = run.flops / rate
+        tokens_per_s = args.batch_size * config.block_size / step_s
+        print(f"{name:<20}{run.step_flops / 1e9:>11.2f}{step_s:>8.3f}{tokens_per_s:>10,.0f}{rate / 1e9:>9.1f}"
+              f"{100 * rate / 1e9 / gflops:>10.0f}%{run_seconds[name] / 60:>9.1f}")
+    seeds = list(range(args.seed, args.seed + args.seeds))
+    shares = [seeds[k::n_jobs] for k in range(n_jobs)]  # as train.py splits them
+    slot_seconds = [len(share) * sum(run_seconds.values()) for share in shares]
+    runs = len(seeds) * len(run_seconds)
+    print(f"\nestimate: {runs} runs ({len(run_seconds)} model(s) x {len(seeds)} seed(s)) of {args.max_iters} steps, "
+          f"{n_jobs} process(es) side by side: about {progress.minutes(max(slot_seconds))} in all "
+          f"(one core's matmul: {gflops:.0f} GFLOP/s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

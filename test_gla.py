@@ -1598,6 +1598,27 @@ def test_token_vocabularies_plot_in_nats_per_token_and_bytes_in_nats_per_byte(tm
     assert (low, high) == pytest.approx((0.002 / plot.BYTES_PER_GPT2_TOKEN, 0.01 / plot.BYTES_PER_GPT2_TOKEN))
 
 
+def test_dl_vs_lr_reads_the_notebooks_tables_and_agrees_with_the_p1_figure(tmp_path, capsys):
+    """bench/dl_vs_lr.py: four seeds at each rate, seed 1337 at lr 8e-3 from the Xeon (the machine of the other
+    three and of README's P1 figure), whose final dL per seed are the figure's CSV's to the 4 digits the notebook
+    prints; and dL falls from lr 2e-3 to 8e-3 in all 12 seed x variant pairs."""
+    from bench import dl_vs_lr
+
+    rows = dl_vs_lr.read_sweeps()
+    points = {rate: dl_vs_lr.p1_seeds_at(rows, rate) for rate in dl_vs_lr.RATES}
+    assert all([r["seeds"] for r in seeds] == ["1337", "1338", "1339", "1340"] for seeds in points.values())
+    assert {r["machine"] for r in points[8e-3]} == {"Xeon"}
+    final = {}
+    for r in csv_rows(pathlib.Path(plot.__file__).parent / "assets" / "double_heads_P1.csv"):
+        final[r["variant"]] = r  # the last row of each variant: its final evaluation
+    for label, column in dl_vs_lr.VARIANT_COLUMNS.items():
+        for r in points[8e-3]:
+            assert r[column] == pytest.approx(float(final[label][f"dL_seed{r['seeds']}"]), abs=5e-5)
+    png = tmp_path / "dl_vs_lr.png"
+    assert dl_vs_lr.main(["--output", str(png)]) == 0 and png.read_bytes()[:8] == PNG_MAGIC
+    assert "dL falls from lr 2e-3 to 8e-3 in 12 of 12 seed x variant pairs" in capsys.readouterr().out
+
+
 def test_roofline_figure(tmp_path, capsys):
     """`bench/roofline.py`: FLOP per byte of a decode step at paper scale (24 query heads, 32K cached tokens) from
     kernels.py's counts. Per cached bf16 token a group's R rows (heads x new tokens) do 2 R (Dk + 2 Dv) FLOP with

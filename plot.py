@@ -303,28 +303,33 @@ def matched_pairs(found):
 def paired_curve(label, pairs):
     """The Curve of a variant from its Pairs, or None (with a warning) if no pair shares an evaluation.
 
-    A pair that ends before the longest one (a seed still training) is left out while a longer one exists, in one
-    line; the rest are drawn on the token counts they all share."""
+    A pair that ends before the longest one (a seed still training, or one of its runs with no evaluation yet) is
+    left out while a longer one exists, all such seeds in one line; the rest are drawn on the token counts they all
+    share."""
     per_seed = {}
+    lengths = {}
     for p in pairs:
         base, double = read_evaluations(p.base_dir), read_evaluations(p.double_dir)
         tokens, bl, dl, _ = delta_loss(base, double)
-        if len(tokens) < max(len(base), len(double)):
-            warn(f"note: {label} seed {p.seed}: runs differ in length ({len(base)} vs "
-                 f"{len(double)} evaluations); using the {len(tokens)} in common")
-        if len(tokens):
-            per_seed[p.seed] = dict(zip(tokens.tolist(), zip(bl, dl)))
-    if not per_seed:
+        per_seed[p.seed] = dict(zip(tokens.tolist(), zip(bl, dl)))
+        lengths[p.seed] = (len(base), len(double), len(tokens))
+    reached = {s: max(p) if p else -1 for s, p in per_seed.items()}
+    last = max(reached.values())
+    if last < 0:
         warn(f"warning: {label}: no seed's baseline and double heads share an evaluated token count; not plotted")
         return None
-    last = max(max(p) for p in per_seed.values())
-    running = sorted(s for s, p in per_seed.items() if max(p) < last)
+    running = sorted(s for s in per_seed if reached[s] < last)
     if running:
-        counts = ", ".join(f"seed {s} at {max(per_seed[s]):,}" for s in running)
+        counts = ", ".join(f"seed {s} at {max(reached[s], 0):,}" for s in running)
         warn(f"note: {label}: {len(running)} seed(s) still short of {last:,} tokens ({counts}); plotting the "
              f"{len(per_seed) - len(running)} that reached it")
         for s in running:
             del per_seed[s]
+    for s in per_seed:
+        n_base, n_double, n_common = lengths[s]
+        if n_common < max(n_base, n_double):
+            warn(f"note: {label} seed {s}: runs differ in length ({n_base} vs {n_double} evaluations); using the "
+                 f"{n_common} in common")
     seeds = sorted(per_seed)
     common = sorted(set.intersection(*(set(p) for p in per_seed.values())))
     if any(len(p) > len(common) for p in per_seed.values()):

@@ -1533,6 +1533,8 @@ def test_a_seed_still_training_is_left_out_and_the_finished_ones_kept(tmp_path, 
     err = capsys.readouterr().err
     assert "share no evaluated token count" not in err
     assert "GLA-2: 1 seed(s) still short of 4,000,000 tokens (seed 3 at 1,500,000); plotting the 2" in err
+    assert "MLA: 1 seed(s) still short of 4,000,000 tokens (seed 3 at 0); plotting the 2" in err
+    assert "seed 3" not in err.replace("(seed 3 at", "")  # one line per variant, no other note on seed 3
     rows = list(csv_rows(csv))
     assert {r["variant"]: r["n_seeds"] for r in rows} == {"GQA": "3", "MLA": "2", "GLA-2": "2"}
     assert [int(r["tokens"]) for r in rows if r["variant"] == "GLA-2"] == list(tokens)

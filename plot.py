@@ -27,7 +27,6 @@ Reads the run folders (or, with --from_csv, a CSV that plot.py wrote, to redraw 
 relative to the current directory; a CSV of the plotted values (same stem, .csv) is written beside it, with each
 seed's dL. Bad input gives a one-line error on stderr and exit status 2, and no output.
 """
-import argparse
 import csv
 import functools
 import io
@@ -40,6 +39,7 @@ import sys
 import numpy as np
 
 from harness.files import atomic_write
+from harness.stops import ArgumentParser, UsageError
 
 # The variants, in gla.py's order (we do not import gla: it needs torch).
 VARIANTS = ("gqa", "mla", "gla2")
@@ -592,16 +592,16 @@ def check_output(output):
 
 def main(argv=None):
     """The command line: returns the exit status (0, or 2 after a one-line error on stderr)."""
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = ArgumentParser(description=__doc__.splitlines()[0])  # a bad flag is one UsageError line
     source = p.add_mutually_exclusive_group()
     source.add_argument("--out_dir", help="folder holding one subfolder per run (default: out)")
     source.add_argument("--from_csv", help="redraw from a CSV that plot.py wrote (each seed's dL is in it)")
     p.add_argument("--output", help="PNG to write (relative to the current directory; default "
                    "double_heads_ablation.png, with a CSV beside it)")
-    args = p.parse_args(argv)
     try:
+        args = p.parse_args(argv)
         return run(args.out_dir or "out", args.output or "double_heads_ablation.png", args.from_csv)
-    except (PlotError, OSError) as e:
+    except (PlotError, UsageError, OSError) as e:
         print(f"plot.py: error: {e}", file=sys.stderr)
         return 2
 

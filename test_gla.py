@@ -1587,6 +1587,9 @@ def test_from_csv_redraws_a_figure_from_its_own_csv(tmp_path, capsys):
     (tmp_path / "bad.csv").write_text("variant,tokens\nGQA,1\n")
     assert plot.main(["--from_csv", str(tmp_path / "bad.csv"), "--output", str(again)]) == 2
     assert "not a CSV written by plot.py" in capsys.readouterr().err
+    assert plot.main(["--from_csv", str(csv), "--out_dir", str(out), "--output", str(again)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "not allowed with argument" in err[0]
 
 
 def test_token_vocabularies_plot_in_nats_per_token_and_bytes_in_nats_per_byte(tmp_path):

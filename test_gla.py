@@ -1542,16 +1542,34 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 RUNS = ["gqa", "gqa_double_heads", "mla", "mla_double_heads", "gla2", "gla2_double_heads"]
 
 
-def _write_run(out, run, tokens, val_loss, extra_lines=()):
-    """metrics.jsonl as train.py writes it; extra_lines are appended verbatim. run: "name" (seed 1337) or
-    "name/seed<seed>"."""
+def _run_config(run, seed, **changes):
+    """config.json as train.py writes it for `run` (e.g. "mla_double_heads") at the tiny preset and `seed`; changes:
+    {"part.key": value} set on top (e.g. {"train.learning_rate": 9e-3})."""
+    variant = run.removesuffix("_double_heads")
+    double = run.endswith("_double_heads")
+    model = dataclasses.asdict(gla.make_config("tiny", variant, double_heads=double))
+    train_spec = {"preset": "tiny", "max_iters": 400, "batch_size": 16, "grad_accum": 1, "learning_rate": 2e-3,
+                  "warmup_iters": 200, "weight_decay": 0.1, "grad_clip": 1.0, "eval_interval": 25,
+                  "eval_iters": 8, "seed": seed, "init": "coupled", "dtype": "float32"}
+    config = {"model": model, "train": train_spec,
+              "data": {"fingerprint": "0109738b1939d75b", "source": f"stdlib corpus (/somewhere/{run}/corpus.txt)"}}
+    for key, value in changes.items():
+        part, name = key.split(".")
+        config[part][name] = value
+    return config
+
+
+def _write_run(out, run, tokens, val_loss, extra_lines=(), config=None):
+    """metrics.jsonl and config.json as train.py writes them; extra_lines are appended verbatim. run: "name" (seed
+    1337) or "name/seed<seed>". config: {"part.key": value} changes to _run_config's."""
     d = out / run if "/" in run else out / run / "seed1337"
     d.mkdir(parents=True, exist_ok=True)
     lines = [json.dumps({"iter": i, "tokens": int(t), "train_loss": float(v) + 0.1,
                          "val_loss": float(v), "lr": 1e-4, "elapsed_s": float(i)})
              for i, (t, v) in enumerate(zip(tokens, val_loss))]
     (d / "metrics.jsonl").write_text("\n".join(list(lines) + list(extra_lines)) + "\n")
-    (d / "config.json").write_text(json.dumps({"run": run}))
+    name, seed = d.parent.name, int(d.name.removeprefix("seed"))
+    (d / "config.json").write_text(json.dumps(_run_config(name, seed, **(config or {}))))
 
 
 def _synthetic(n=9, step=500_000):
@@ -1579,11 +1597,12 @@ def _write_all(out, runs=RUNS, **kw):
 def _read_csv(path):
     """(variant, tokens, val_loss_baseline, val_loss_double_heads, dL) of a one-seed CSV."""
     header = path.read_text().splitlines()[0]
-    assert header == ("variant,tokens,n_seeds,val_loss_baseline,val_loss_double_heads,dL_mean,dL_low,dL_high,"
-                      "dL_seed1337")
+    assert header == ("variant,tokens,n_seeds,unit,val_loss_baseline,val_loss_double_heads,dL_mean,dL_ci95_low,"
+                      "dL_ci95_high,dL_seed1337")
     rows = list(csv_rows(path))
-    for r in rows:  # one seed: no band, and the mean is that seed's dL
-        assert r["n_seeds"] == "1" and r["dL_low"] == r["dL_high"] == r["dL_mean"] == r["dL_seed1337"]
+    for r in rows:  # one seed: no interval, and the mean is that seed's dL
+        assert r["n_seeds"] == "1" and r["dL_ci95_low"] == r["dL_ci95_high"] == "" and r["dL_mean"] == r["dL_seed1337"]
+        assert r["unit"] == "nats/byte"
     return [(r["variant"], int(r["tokens"]), float(r["val_loss_baseline"]), float(r["val_loss_double_heads"]),
              float(r["dL_seed1337"])) for r in rows]
 
@@ -1726,7 +1745,7 @@ def test_every_variant_stays_visible_when_curves_coincide_or_mirror(tmp_path):
         _write_run(out, run + "_double_heads", tokens, base - delta)
     rc, png, _ = _run_main(tmp_path, out)
     assert rc == 0
-    below_legend = slice(190, None)  # rows under the top-left legend, which also shows each colour
+    below_legend = slice(60, 600)  # the two panels' rows: the legend, which also shows each colour, is under them
     for name, rgb in (("GQA teal", (0, 128, 128)), ("MLA royalblue", (65, 105, 225)), ("GLA-2 gray", (128, 128, 128))):
         assert _colour_pixels(png, rgb, below_legend) > 150, f"{name} is hidden"
 
@@ -1746,14 +1765,16 @@ def test_seeds_missing_one_run_are_left_out_with_a_note(tmp_path, capsys):
     gqa = [r for r in rows if r["variant"] == "GQA"][0]  # seeds' dL: d, d + 0.002, d + 0.004
     d = losses["gqa"][0] - losses["gqa_double_heads"][0]
     assert float(gqa["dL_mean"]) == pytest.approx(d + 0.002, abs=1e-12)
-    assert float(gqa["dL_high"]) - float(gqa["dL_mean"]) == pytest.approx(0.002 / math.sqrt(3), abs=1e-12)  # 1 s.e.
+    half = plot.t975(2) * 0.002 / math.sqrt(3)  # the 95% t interval: t(0.975, 2 df) standard errors
+    assert float(gqa["dL_ci95_high"]) - float(gqa["dL_mean"]) == pytest.approx(half, abs=1e-12)
+    assert float(gqa["dL_mean"]) - float(gqa["dL_ci95_low"]) == pytest.approx(half, abs=1e-12)
     assert gqa["dL_seed3"] != "" and [r for r in rows if r["variant"] == "MLA"][0]["dL_seed3"] == ""
 
 
 def test_symlog_band_follows_the_seed_noise_not_the_smallest_value(tmp_path):
     """Two seeds whose dL is +-0.01 about a mean near 1e-4 (the P1 regime): the linear band of the y axis covers
-    the seed noise (the median band width, 0.02, rounded up to 0.1), so noise cannot swing across decades; with one
-    seed there is no band, and it sits at the smallest |mean dL|."""
+    the seed noise (the median spread of the seeds, 0.02, rounded up to 0.1), so noise cannot swing across decades;
+    with one seed there is no spread, and it sits at the smallest |mean dL|."""
     out = tmp_path / "out"
     tokens, losses = _synthetic()
     rng = np.random.default_rng(0)
@@ -1762,9 +1783,9 @@ def test_symlog_band_follows_the_seed_noise_not_the_smallest_value(tmp_path):
         for run in RUNS:
             base = losses[run.replace("_double_heads", "")]
             _write_run(out, f"{run}/seed{seed}", tokens, base - (noise if "double" in run else 0))
-    curves = {label: plot.paired_curve(label, plot.seed_runs(out, name), plot.seed_runs(out, name + "_double_heads"))
-              for name, (label, *_) in plot.STYLE.items()}
-    widths = np.concatenate([c.high - c.low for c in curves.values()])
+    curves, unit = plot.curves_from_runs(out)
+    assert unit == "nats/byte"
+    widths = np.concatenate([np.ptp(c.delta, axis=0) for c in curves.values()])
     assert np.median(widths) == pytest.approx(0.02, abs=1e-3) and np.abs(curves["GQA"].mean).max() < 1e-3
     assert plot.linear_band(curves) == pytest.approx(0.1)
     one_seed = {label: plot.Curve([1], c.tokens, c.base, c.double, c.delta[:1] * 0 + 0.003)
@@ -1788,6 +1809,166 @@ def test_cli_subprocess_end_to_end(tmp_path):
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
     assert len(bad.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "x.png").exists()
+
+
+def test_plot_imports_neither_torch_nor_the_model():
+    """plot.py starts without torch: a figure can be drawn on a machine that only has the CSVs or the runs."""
+    code = "import plot, sys; assert not {'torch', 'gla', 'train', 'kernels'} & set(sys.modules), sys.modules.keys()"
+    done = subprocess.run([sys.executable, "-c", code], cwd=pathlib.Path(plot.__file__).parent,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-500:]
+
+
+@pytest.mark.parametrize("setting, value", [("train.learning_rate", 9e-3), ("data.fingerprint", "ffffffffffffffff"),
+                                            ("train.init", "independent"), ("model.n_embd", 128),
+                                            ("model.n_head", 8)])
+def test_a_pair_whose_settings_differ_is_left_out_and_named(tmp_path, capsys, setting, value):
+    """Seed 2's MLA double-heads run differs from its baseline in one setting (model.n_head 8: not doubled): that
+    pair is left out in one line naming the runs and the setting; the other pairs are plotted. A data source that
+    differs only in its path (every run's data.source here) is the same data."""
+    out = tmp_path / "out"
+    tokens, losses = _synthetic()
+    for seed in (1, 2):
+        for run in RUNS:
+            bad = seed == 2 and run == "mla_double_heads"
+            _write_run(out, f"{run}/seed{seed}", tokens, losses[run], config={setting: value} if bad else None)
+    rc, _, csv = _run_main(tmp_path, out)
+    assert rc == 0
+    notes = [line for line in capsys.readouterr().err.splitlines() if "left out" in line]
+    assert len(notes) == 1 and "MLA seed 2" in notes[0] and setting in notes[0]
+    assert "mla/seed2" in notes[0] and "mla_double_heads/seed2" in notes[0]
+    assert {r["variant"]: r["n_seeds"] for r in csv_rows(csv)} == {"GQA": "2", "MLA": "1", "GLA-2": "2"}
+
+
+def test_pairs_from_another_schedule_are_left_out_and_no_pair_is_refused(tmp_path, capsys):
+    """An interrupted --overwrite leaves seed 2 of GQA at another learning rate in both runs: a pair, but not of this
+    figure's schedule, so it is left out, in one line. When no pair is left, the plot is refused (exit 2)."""
+    out = tmp_path / "out"
+    tokens, losses = _synthetic()
+    for seed in (1, 2):
+        for run in RUNS:
+            other = seed == 2 and run.startswith("gqa")
+            _write_run(out, f"{run}/seed{seed}", tokens, losses[run],
+                       config={"train.learning_rate": 4e-3} if other else None)
+    rc, png, csv = _run_main(tmp_path, out)
+    assert rc == 0
+    notes = [line for line in capsys.readouterr().err.splitlines() if "left out" in line]
+    assert len(notes) == 1 and "GQA seed 2" in notes[0] and "train.learning_rate 0.004" in notes[0]
+    assert {r["variant"]: r["n_seeds"] for r in csv_rows(csv)} == {"GQA": "1", "MLA": "2", "GLA-2": "2"}
+    png.unlink()
+    csv.unlink()
+    for seed in (1, 2):
+        for name in ("gqa", "mla", "gla2"):
+            _write_run(out, f"{name}/seed{seed}", tokens, losses[name], config={"train.max_iters": 800})
+    rc, png, csv = _run_main(tmp_path, out)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and err[-1].startswith("plot.py: error: no seed") and not png.exists() and not csv.exists()
+    assert sum("left out" in line for line in err) == 6
+
+
+def test_a_seed_still_training_is_left_out_and_the_finished_ones_kept(tmp_path, capsys):
+    """MLA's seed 3 is still training: its double-heads run has no evaluation yet, and GLA-2's seed 3 has 4 of 9.
+    Each variant keeps its finished seeds, says so in one line, and is plotted on their full grid."""
+    out = tmp_path / "out"
+    tokens, losses = _synthetic()
+    for seed in (1, 2, 3):
+        for run in RUNS:
+            n = {"mla_double_heads": 0, "gla2": 4}.get(run, len(tokens)) if seed == 3 else len(tokens)
+            _write_run(out, f"{run}/seed{seed}", tokens[:n], losses[run][:n])
+    rc, _, csv = _run_main(tmp_path, out)
+    assert rc == 0
+    err = capsys.readouterr().err
+    assert "share no evaluated token count" not in err
+    assert "GLA-2: 1 seed(s) still short of 4,000,000 tokens (seed 3 at 1,500,000); plotting the 2" in err
+    assert "MLA: 1 seed(s) still short of 4,000,000 tokens (seed 3 at 0); plotting the 2" in err
+    assert "seed 3" not in err.replace("(seed 3 at", "")  # one line per variant, no other note on seed 3
+    rows = list(csv_rows(csv))
+    assert {r["variant"]: r["n_seeds"] for r in rows} == {"GQA": "3", "MLA": "2", "GLA-2": "2"}
+    assert [int(r["tokens"]) for r in rows if r["variant"] == "GLA-2"] == list(tokens)
+
+
+@pytest.mark.parametrize("under", ["fig.png", "sub/fig.png"])
+def test_output_under_a_regular_file_is_one_line(tmp_path, capsys, under):
+    """--output a_file/fig.png said "File exists", a_file/sub/fig.png "Not a directory": both name the file."""
+    out = tmp_path / "out"
+    _write_all(out)
+    (tmp_path / "a_file").write_text("not a folder")
+    rc = plot.main(["--out_dir", str(out), "--output", str(tmp_path / "a_file" / under)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "a_file is a file, not a folder" in err[0]
+
+
+def _t_cdf(t, df):
+    """P(T <= t) for Student's t with df degrees of freedom, t >= 0: 1/2 + the density integrated over [0, t]
+    (Simpson's rule on 20,001 points)."""
+    x = np.linspace(0.0, t, 20001)
+    log_c = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
+    density = np.exp(log_c - (df + 1) / 2 * np.log1p(x**2 / df))
+    h = x[1] - x[0]
+    return 0.5 + h / 3 * (density[0] + density[-1] + 4 * density[1:-1:2].sum() + 2 * density[2:-1:2].sum())
+
+
+@pytest.mark.parametrize("df", [1, 2, 3, 4, 5, 7, 10, 15, 20, 29, 30, 31, 40, 100])
+def test_t975_is_the_two_sided_95_percent_quantile(df):
+    assert _t_cdf(plot.t975(df), df) == pytest.approx(0.975, abs=2e-5)
+
+
+def test_from_csv_redraws_a_figure_from_its_own_csv(tmp_path, capsys):
+    """--from_csv rebuilds the curves from each seed's dL in a CSV that plot.py wrote: the same CSV comes back, and
+    the earlier layout (dL_low / dL_high, no unit: byte-level runs) reads too."""
+    out = tmp_path / "out"
+    tokens, losses = _synthetic()
+    for seed, shift in ((1, 0.0), (2, 0.003), (3, -0.001)):
+        for run in RUNS:
+            _write_run(out, f"{run}/seed{seed}", tokens, losses[run] - (shift if "double" in run else 0))
+    rc, png, csv = _run_main(tmp_path, out)
+    assert rc == 0
+    again = tmp_path / "again.png"
+    assert plot.main(["--from_csv", str(csv), "--output", str(again)]) == 0
+    assert again.read_bytes()[:8] == PNG_MAGIC and again.with_suffix(".csv").read_text() == csv.read_text()
+    old = csv.read_text().replace("dL_ci95_low,dL_ci95_high", "dL_low,dL_high").replace(",nats/byte,", ",,")
+    (tmp_path / "old.csv").write_text(old)
+    assert plot.main(["--from_csv", str(tmp_path / "old.csv"), "--output", str(again)]) == 0
+    assert again.with_suffix(".csv").read_text() == csv.read_text()
+    assert "GQA    3 seed(s)" in capsys.readouterr().out
+    (tmp_path / "bad.csv").write_text("variant,tokens\nGQA,1\n")
+    assert plot.main(["--from_csv", str(tmp_path / "bad.csv"), "--output", str(again)]) == 2
+    assert "not a CSV written by plot.py" in capsys.readouterr().err
+    assert plot.main(["--from_csv", str(csv), "--out_dir", str(out), "--output", str(again)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "not allowed with argument" in err[0]
+
+
+def test_token_vocabularies_plot_in_nats_per_token_and_bytes_in_nats_per_byte(tmp_path):
+    out = tmp_path / "out"
+    tokens, losses = _synthetic()
+    for run in RUNS:
+        _write_run(out, run, tokens, losses[run], config={"model.vocab_size": 50304})
+    curves, unit = plot.curves_from_runs(out)
+    assert unit == "nats/token" and plot.paper_range(unit)[0] == (0.002, 0.01)
+    low, high = plot.paper_range("nats/byte")[0]
+    assert (low, high) == pytest.approx((0.002 / plot.BYTES_PER_GPT2_TOKEN, 0.01 / plot.BYTES_PER_GPT2_TOKEN))
+
+
+def test_dl_vs_lr_reads_the_notebooks_tables_and_agrees_with_the_p1_figure(tmp_path, capsys):
+    """bench/dl_vs_lr.py: four seeds at each rate, seed 1337 at lr 8e-3 from the Xeon (the machine of the other
+    three and of README's P1 figure), whose final dL per seed are the figure's CSV's to the 4 digits the notebook
+    prints; and dL falls from lr 2e-3 to 8e-3 in all 12 seed x variant pairs."""
+    from bench import dl_vs_lr
+
+    rows = dl_vs_lr.read_sweeps()
+    points = {rate: dl_vs_lr.p1_seeds_at(rows, rate) for rate in dl_vs_lr.RATES}
+    assert all([r["seeds"] for r in seeds] == ["1337", "1338", "1339", "1340"] for seeds in points.values())
+    assert {r["machine"] for r in points[8e-3]} == {"Xeon"}
+    final = {}
+    for r in csv_rows(pathlib.Path(plot.__file__).parent / "assets" / "double_heads_P1.csv"):
+        final[r["variant"]] = r  # the last row of each variant: its final evaluation
+    for label, column in dl_vs_lr.VARIANT_COLUMNS.items():
+        for r in points[8e-3]:
+            assert r[column] == pytest.approx(float(final[label][f"dL_seed{r['seeds']}"]), abs=5e-5)
+    png = tmp_path / "dl_vs_lr.png"
+    assert dl_vs_lr.main(["--output", str(png)]) == 0 and png.read_bytes()[:8] == PNG_MAGIC
+    assert "dL falls from lr 2e-3 to 8e-3 in 12 of 12 seed x variant pairs" in capsys.readouterr().out
 
 
 def test_roofline_figure(tmp_path, capsys):
@@ -1928,7 +2109,7 @@ def test_attn_all_trains_six_runs_per_seed_then_plot_pairs_seeds_and_resume_skip
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     rows = list(csv_rows(png.with_suffix(".csv")))
     assert {r["variant"] for r in rows} == {"GQA", "MLA", "GLA-2"} and len(rows) == 9
-    for r in rows:  # dL per seed from that seed's own pair; the band of 2 seeds is their min-max
+    for r in rows:  # dL per seed from that seed's own pair, and the 95% t interval of their mean
         run = {"GQA": "gqa", "MLA": "mla", "GLA-2": "gla2"}[r["variant"]]
         i = [m["tokens"] for m in metrics(out, run)].index(int(r["tokens"]))
         per_seed = [metrics(out, run, s)[i]["val_loss"] - metrics(out, run + "_double_heads", s)[i]["val_loss"]
@@ -1936,7 +2117,10 @@ def test_attn_all_trains_six_runs_per_seed_then_plot_pairs_seeds_and_resume_skip
         assert r["n_seeds"] == "2"
         assert [float(r[f"dL_seed{s}"]) for s in (SEED, SEED + 1)] == pytest.approx(per_seed, abs=1e-12)
         assert float(r["dL_mean"]) == pytest.approx(sum(per_seed) / 2, abs=1e-12)
-        assert (float(r["dL_low"]), float(r["dL_high"])) == pytest.approx((min(per_seed), max(per_seed)), abs=1e-12)
+        half = plot.t975(1) * abs(per_seed[0] - per_seed[1]) / 2  # 95% t interval of 2 seeds: 12.7 half-ranges
+        mean = sum(per_seed) / 2
+        interval = float(r["dL_ci95_low"]), float(r["dL_ci95_high"])
+        assert interval == pytest.approx((mean - half, mean + half), abs=1e-12)
 
 
 def csv_rows(path):

@@ -825,6 +825,19 @@ def test_sampling_command_bad_input_is_one_line(tmp_path, capsys, monkeypatch):
             monkeypatch.delenv(key)
 
 
+def test_sampling_command_takes_a_tiny_temperature_and_a_prompt_that_is_not_utf8(tmp_path, capsys):
+    """Issue 48 item 5: --temperature 1e-40 ended in torch.multinomial, and a --prompt of bytes that are not UTF-8
+    (argv reaches Python as surrogates) in the codec, both with tracebacks. Both sample now (exit 0); the prompt's
+    bytes come back as they were given, shown as \\xNN."""
+    path = tmp_path / "gla2.pt"
+    save_run(path, small_model("gla2", block_size=32))
+    assert train.cli(["--sample", str(path), "--temperature", "1e-40", "--max_new_tokens", "3"]) == 0
+    assert capsys.readouterr().err == ""
+    assert train.cli(["--sample", str(path), "--prompt", "ab\udcff\udcfe", "--max_new_tokens", "1"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err == "" and "\nab\\xff\\xfe" in captured.out, captured.out
+
+
 def test_text_codec_bytes_and_gpt2_ids(monkeypatch):
     monkeypatch.setitem(sys.modules, "tiktoken", None)  # as if not installed: ids in, ids out
     config = gla.make_config("tiny", "gqa", vocab_size=512)

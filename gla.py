@@ -54,7 +54,7 @@ ATTN_TYPES = ("gqa", "mla", "gla")
 VARIANTS = ("gqa", "mla", "gla2")  # the double-heads ablation's three designs
 PRESETS = {  # model shapes: (n_layer, n_embd, head_dim, vocab_size, block_size)
     "tiny": (2, 256, 32, 256, 128),  # trains on 2 CPU cores in minutes
-    "small": (12, 768, 64, 50304, 1024),  # ~125M parameters, one GPU
+    "small": (12, 768, 64, 50304, 1024),  # ~124M parameters, one GPU
     "paper": (24, 3072, 128, 50304, 2048),  # the double-heads ablation of Liu et al. 2026
 }
 

@@ -340,7 +340,7 @@ class DeviceLimits(NamedTuple):
 
 KIB = 1024
 # Without a CUDA device (Triton's interpreter, the CPU tests) we plan for compute capability 9.0 with 132 SMs (an H100
-# or H200 SXM): the GPU the performance model below is made for.
+# or H200 SXM): the GPU the performance model below is made for (its bandwidth is the H200's).
 DEFAULT_LIMITS = DeviceLimits(capability=(9, 0), num_sms=132, smem_per_block=227 * KIB, smem_per_sm=228 * KIB)
 # The capabilities whose builds bench/gpu_build.py compiles and checks: on them the plan fills shared memory with
 # pipeline stages. A GPU of any other capability gets SAFE_STAGES, the fewest (below), which its shared memory fits.
@@ -538,8 +538,9 @@ def _plan(B, Lq, Hq, Hkv, Hk, Dk, Dv, has_qv, elem_bytes, max_len, num_splits, l
     flops = call_flops(B, LQ_BLOCK, Hq, Dk, Dv, has_qv, max_len)
     tile_bytes = BLOCK_N * (Dk + Dv) * elem_bytes  # what one stage loads from memory
     # All G x LQ_BLOCK rows of a group in one program, unless they overflow MAX_ACC_ELEMS of their MMA kind:
-    # MLA's 64 heads x 512 would take 128 KiB of accumulators, half an SM's registers
-    # (FlashMLA's choice: one CTA per SM, two warpgroups); we split them into head blocks.
+    # 64 query heads on one 512-wide latent (DeepSeek-V3's 128 heads under TP-2, FlashMLA's case) would take 128 KiB
+    # of float32 accumulators, half an SM's registers (FlashMLA's choice: one CTA per SM, two warpgroups); we split
+    # them into head blocks.
     # More head blocks than the fewest have fewer rows, whose accumulators fit too (up to 64 x 256 through wgmma, so
     # up to 32 x 256 through mma.sync).
     fewest = next(n for n in range(1, G + 1) if _acc_fits(_rows(G, n, LQ_BLOCK), BLOCK_DV, limits))

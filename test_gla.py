@@ -23,6 +23,7 @@ import json
 import math
 import pathlib
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -932,6 +933,37 @@ def test_bench_scripts_answer_help_from_anywhere(script):
     r = subprocess.run([sys.executable, str(REPO / "bench" / script), "--help"], cwd="/", capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 0 and "usage:" in r.stdout, r.stderr
+
+
+def readme_commands(script):
+    """The argument lists of README's `python <script> ...` commands (torchrun's too), from its code blocks."""
+    text = (REPO / "README.md").read_text()
+    blocks = re.findall(r"```bash\n(.*?)```", text, re.S)
+    commands = []
+    for line in "\n".join(blocks).replace("\\\n", " ").splitlines():
+        for command in line.split("#")[0].split("&&"):
+            words = shlex.split(command)
+            if script in words:
+                commands.append(words[words.index(script) + 1:])
+    return commands
+
+
+def test_readmes_commands_take_the_flags_they_give(tmp_path, capsys):
+    """Every train.py and plot.py command in README parses: a renamed or removed flag fails here, not for a reader."""
+    train_commands = readme_commands("train.py")
+    assert len(train_commands) >= 7, train_commands  # one model, short figure, main job, 2 samplings, small, paper
+    for argv in train_commands:
+        if "--sample" in argv:
+            sampling.get_args(argv)
+        else:
+            train.get_args(argv)
+    plot_commands = readme_commands("plot.py")
+    assert len(plot_commands) >= 3, plot_commands
+    for argv in plot_commands:
+        # A last --out_dir that does not exist: the flags parse, then the run folder is missing (nothing is drawn).
+        assert plot.main([*argv, "--out_dir", str(tmp_path / "none")]) == 2
+        err = capsys.readouterr().err
+        assert "is not a directory" in err, (argv, err)
 
 
 # ----------------------------------------------------------------------------

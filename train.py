@@ -24,7 +24,6 @@ import functools
 import math
 import os
 import pathlib
-import signal
 import sys
 import time
 from contextlib import ExitStack
@@ -292,7 +291,7 @@ def train_run(args, variant, double_heads, data, ctx, stop, job, slot, log):
                 if step != run.saved:
                     save_checkpoint(run, name, model, optimizer, step, started, loss_sum, loss_count,
                                     tokens_per_step)
-                raise Interrupted(f"{name}: interrupted at iteration {step}", stop.signum or signal.SIGINT)
+                raise Interrupted(f"{name}: interrupted at iteration {step}", stop.signum)
 
             # One optimizer step.
             lr = lr_at(step, args)

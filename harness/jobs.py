@@ -187,4 +187,4 @@ def _raise_for(outcomes, stop, progress):
             raise RunError(message[1])
     interrupted = [message[1] for slot, (message, code) in sorted(outcomes.items()) if message[0] == "interrupted"]
     if interrupted:
-        raise Interrupted(", ".join(interrupted), stop.value.value or signal.SIGINT)
+        raise Interrupted(", ".join(interrupted), stop.value.value)

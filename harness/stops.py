@@ -27,11 +27,11 @@ class RunError(Exception):
 
 class Interrupted(Exception):
     """SIGINT / SIGTERM stopped training between two steps, checkpointed: one line, exit status 128 + signal.
-    signum: the signal."""
+    signum: the signal; 0 where another process received it (a torchrun peer) reads as SIGINT."""
 
     def __init__(self, message, signum):
         super().__init__(message)
-        self.signum = signum
+        self.signum = signum or signal.SIGINT
 
 
 class ArgumentParser(argparse.ArgumentParser):

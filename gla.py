@@ -201,6 +201,8 @@ def make_config(preset="tiny", variant="gqa", double_heads=False, n_head=None, n
     m = re.fullmatch(r"(gqa|mla|gla)(\d*)", variant) if isinstance(variant, str) else None
     if m is None or (m[1] != "gla" and m[2]):
         raise ConfigError(f"unknown attention variant {variant!r}; choose gqa, mla or gla2")
+    if not isinstance(double_heads, bool):
+        raise ConfigError(f"double_heads must be True or False, got {double_heads!r}")
     given = dict(n_head=n_head, n_kv_head=n_kv_head, n_layer=n_layer, n_embd=n_embd, head_dim=head_dim,
                  kv_lora_rank=kv_lora_rank)  # what the caller set: the messages below name it
     for name, value in given.items():
@@ -594,8 +596,8 @@ class GPT(nn.Module):
         cached decode step per token (temperature, top_k as in `sample`), each handed its length so none waits for the
         GPU; compile=True compiles the steps (fullgraph), handed the cache's capacity as bound (static shapes: a compile
         per batch size and length). As forward, we stop at block_size: positions past it were never trained. Raises
-        ValueError naming the argument: idx not (B, T) integer token ids with B, T >= 1, max_new_tokens not an integer
-        >= 0, T + max_new_tokens > block_size, a temperature or top_k that check_sampling refuses."""
+        ValueError naming the argument: idx not (B, T) token ids in [0, vocab_size) with B, T >= 1, max_new_tokens not an
+        integer >= 0, T + max_new_tokens > block_size, a temperature or top_k that check_sampling refuses."""
         check_sampling(temperature, top_k)
         if not (isinstance(idx, torch.Tensor) and idx.dim() == 2 and idx.dtype in (torch.int64, torch.int32)):
             what = f"a {idx.dtype} tensor of shape {tuple(idx.shape)}" if isinstance(idx, torch.Tensor) else type(idx)
@@ -603,6 +605,9 @@ class GPT(nn.Module):
         B, T = idx.shape
         if B == 0 or T == 0:
             raise ValueError(f"idx must hold at least one prompt of at least one token, got shape {tuple(idx.shape)}")
+        if idx.min() < 0 or idx.max() >= self.config.vocab_size:
+            raise ValueError(f"idx must hold token ids in [0, vocab_size={self.config.vocab_size}), got "
+                             f"{idx.min().item()} to {idx.max().item()}")
         if not (is_int(max_new_tokens) and max_new_tokens >= 0):
             raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
         if T + max_new_tokens > self.config.block_size:

@@ -216,7 +216,8 @@ def seed_runs(out_dir, run_name):
     if os.path.isdir(path):
         for entry in os.listdir(path):
             tail = entry[len(SEED_PREFIX):]
-            if entry.startswith(SEED_PREFIX) and tail.isdigit() and has_metrics(os.path.join(path, entry)):
+            is_seed = entry.startswith(SEED_PREFIX) and tail.isascii() and tail.isdigit()  # "seed²" is not a seed
+            if is_seed and has_metrics(os.path.join(path, entry)):
                 found[int(tail)] = os.path.join(path, entry)
     return dict(sorted(found.items()))
 
@@ -560,10 +561,13 @@ def read_csv_curves(path):
     if not rows or not seed_columns or "variant" not in rows[0] or "tokens" not in rows[0]:
         raise PlotError(f"--from_csv {path}: not a CSV written by plot.py (variant, tokens, dL_seed<N> columns)")
     units = {r.get("unit") or "nats/byte" for r in rows}
-    if len(units) != 1:
-        raise PlotError(f"--from_csv {path}: rows in several units ({', '.join(sorted(units))})")
+    if len(units) != 1 or not units <= {"nats/byte", "nats/token"}:
+        got = ", ".join(sorted(units))
+        raise PlotError(f"--from_csv {path}: its unit must be one of nats/byte, nats/token; got {got}")
     curves = {}
     for label in dict.fromkeys(r["variant"] for r in rows):
+        if label not in LABEL_STYLE:
+            raise PlotError(f"--from_csv {path}: unknown variant {label!r} (plot.py draws {', '.join(LABEL_STYLE)})")
         mine = [r for r in rows if r["variant"] == label]
         seeds = [int(k[7:]) for k in seed_columns if all(r[k] not in ("", None) for r in mine)]
         try:
@@ -571,9 +575,14 @@ def read_csv_curves(path):
             delta = [[float(r[f"dL_seed{s}"]) for r in mine] for s in seeds]
             base = [float(r["val_loss_baseline"]) for r in mine]
             double = [float(r["val_loss_double_heads"]) for r in mine]
+            n_seeds = {int(r["n_seeds"]) for r in mine if r.get("n_seeds")}
         except (KeyError, TypeError, ValueError) as e:
             raise PlotError(f"--from_csv {path}: {label}: a value is not a number ({e})") from None
-        if not seeds or any(int(r["n_seeds"]) != len(seeds) for r in mine if r.get("n_seeds")):
+        if tokens[0] < 0 or tokens[-1] >= 2**62 or any(a >= b for a, b in zip(tokens, tokens[1:])):
+            raise PlotError(f"--from_csv {path}: {label}: tokens must be >= 0 and increase row by row, below 2**62")
+        if not all(abs(x) < 1e6 for x in [*base, *double, *(d for seed in delta for d in seed)]):  # False for nan
+            raise PlotError(f"--from_csv {path}: {label}: a loss or dL is not a finite number (nan, inf or >= 1e6)")
+        if not seeds or n_seeds - {len(seeds)}:
             raise PlotError(f"--from_csv {path}: {label}: n_seeds does not match its dL_seed<N> columns")
         curves[label] = Curve(seeds, tokens, base, double, delta)
     return curves, units.pop()

@@ -545,6 +545,8 @@ def test_make_config_refuses_a_size_it_would_have_defaulted(name, value):
     """make_config(n_head=0) used the default: each keyword left None takes the default, anything else is checked."""
     with pytest.raises(gla.ConfigError, match=f"^{name}={value} must be a positive integer$"):
         gla.make_config("tiny", "gla2", **{name: value})
+    with pytest.raises(gla.ConfigError, match="double_heads must be True or False, got 'no'"):
+        gla.make_config("tiny", "gla2", double_heads="no")  # a truthy string doubled the heads
 
 
 @pytest.mark.parametrize("field, value", [("rope_theta", 0.0), ("rope_theta", -1.0), ("rope_theta", math.inf),
@@ -567,7 +569,9 @@ def test_generate_and_sample_name_a_bad_argument():
             (prompt, dict(temperature=math.nan), "temperature must be >= 0 and finite"),
             (torch.zeros(0, 3, dtype=torch.long), {}, r"idx must hold at least one prompt .* got shape \(0, 3\)"),
             (torch.zeros(2, 0, dtype=torch.long), {}, r"at least one token, got shape \(2, 0\)"),
-            (torch.zeros(1, 3), {}, r"idx must be a \(B, T\) tensor of integer token ids, got a torch.float32")]:
+            (torch.zeros(1, 3), {}, r"idx must be a \(B, T\) tensor of integer token ids, got a torch.float32"),
+            (torch.tensor([[1, 300]]), {}, r"token ids in \[0, vocab_size=256\), got 1 to 300"),
+            (torch.tensor([[-1, 2]]), {}, r"token ids in \[0, vocab_size=256\), got -1 to 2")]:
         with pytest.raises(ValueError, match=match):
             model.generate(idx, **{"max_new_tokens": 2, **kwargs})
     with pytest.raises(ValueError, match="top_k must be >= 0"):
@@ -1984,6 +1988,43 @@ def test_from_csv_redraws_a_figure_from_its_own_csv(tmp_path, capsys):
     assert len(err) == 1 and "not allowed with argument" in err[0]
 
 
+
+def test_from_csv_of_edited_values_is_one_line(tmp_path, capsys):
+    """A CSV edited by hand (an unknown variant, nan / inf / 1e308, n_seeds not a number, tokens too large or not
+    increasing, a made-up unit) is one line and exit 2: it was a KeyError, matplotlib's or an OverflowError."""
+    out = tmp_path / "out"
+    tokens, losses = _synthetic()
+    for seed, shift in ((1, 0.0), (2, 0.003)):
+        for run in RUNS:
+            _write_run(out, f"{run}/seed{seed}", tokens, losses[run] - (shift if "double" in run else 0))
+    rc, png, csv = _run_main(tmp_path, out)
+    assert rc == 0
+    text = csv.read_text()
+    header, first, *rest = text.splitlines()
+    cells = first.split(",")
+    columns = header.split(",")
+
+    def edited(column, value):
+        row = list(cells)
+        row[columns.index(column)] = value
+        return "\n".join([header, ",".join(row), *rest]) + "\n"
+
+    cases = {
+        "unknown variant 'FOO'": edited("variant", "FOO"),
+        "is not a finite number": edited("dL_seed1", "nan"),
+        "not a finite number ": edited("dL_seed2", "1e308"),
+        "a value is not a number": edited("n_seeds", "x"),
+        "tokens must be >= 0 and increase": edited("tokens", "99999999999999999999999"),
+        "its unit must be one of": edited("unit", "furlongs"),
+    }
+    for words, csv_text in cases.items():
+        bad = tmp_path / "bad.csv"
+        bad.write_text(csv_text)
+        assert plot.main(["--from_csv", str(bad), "--output", str(tmp_path / "x.png")]) == 2, words
+        err = capsys.readouterr().err
+        assert words in err and err.count("\n") == 1 and err.startswith("plot.py: error:"), (words, err)
+    assert not (tmp_path / "x.png").exists()
+
 def test_token_vocabularies_plot_in_nats_per_token_and_bytes_in_nats_per_byte(tmp_path):
     out = tmp_path / "out"
     tokens, losses = _synthetic()
@@ -2600,6 +2641,28 @@ def test_a_signal_to_the_group_stops_every_jobs_worker_at_a_checkpoint_and_resum
     for folder in out.glob("*/seed*"):
         assert [json.loads(line)["iter"] for line in (folder / "metrics.jsonl").open()] == [4, 8, 12], folder
 
+
+def test_a_signal_while_the_jobs_workers_start_is_not_lost(tmp_path, text_file):
+    """SIGTERM to the group just after 'training:', while the --jobs workers are being spawned: it was dropped (the
+    workers started with it ignored, and so did the parent while it started them; multiprocessing's resource tracker
+    unblocked it), and the job trained to the end with exit 0."""
+    out = tmp_path / "out"
+    args = ["--attn", "gqa", "--data", str(text_file), "--max_iters", "2000", "--eval_interval", "1000", *TINY,
+            "--seeds", "2", "--jobs", "2", "--out_dir", str(out)]
+    proc = subprocess.Popen([sys.executable, "train.py", *args], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        for line in proc.stdout:
+            if line.startswith("training:"):
+                os.killpg(proc.pid, signal.SIGTERM)
+                break
+        err = proc.communicate(timeout=120)[1]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 128 + signal.SIGTERM and len(err.splitlines()) == 1, err
+    assert re.findall(r"gqa seed (\d+): interrupted at iteration (\d+)", err) == [("1337", "0"), ("1338", "0")], err
 
 def alive(pid):
     """The process runs (a zombie, exited but not yet reaped, counts as gone)."""

@@ -68,7 +68,7 @@ def get_args(argv=None):
     """Parse the flags and fill in the preset's defaults. Raises UsageError for a flag out of its range."""
     p = ArgumentParser(prog="train.py", description=__doc__.split("\n\n")[1],
                        formatter_class=argparse.RawDescriptionHelpFormatter,
-                       epilog="Sampling has flags of its own: python train.py --sample --help")
+                       epilog="Sampling has flags of its own: python train.py --sample RUN --help")
     p.add_argument("--attn", default="gqa", choices=[*gla.VARIANTS, "all"], help="variant, or all six models")
     p.add_argument("--double_heads", action="store_true", help="double the query heads (same KV cache)")
     p.add_argument("--preset", default="tiny", choices=list(gla.PRESETS))

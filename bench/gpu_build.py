@@ -95,18 +95,24 @@ COLUMNS = ["shape", "B", "Lq", "S", "tile", "regs", "spills", "smem_KiB", "MMA",
            "compute_floor_us", "bound", "model_us", "roofline_pct"]
 
 
+def variant_name(variant):
+    """The name a table gives a variant: "gqa" -> GQA, "mla" -> MLA, "gla2" -> GLA-2 (any glaG: GLA-G)."""
+    if variant.startswith("gla"):
+        return "GLA-" + variant[3:]
+    return variant.upper()
+
+
 def _preset_shapes():
     """{name: (Hq, Hkv, Hk, Dk, Dv, uses qv)} and {name: block_size} of the decode calls of the tiny, small and paper
     presets' six models (gla.make_config; the caches' shapes from GPTConfig.kv_cache_shapes), e.g. "small MLA",
     "paper GLA-2 double heads"."""
-    variant_names = {"gqa": "GQA", "mla": "MLA", "gla2": "GLA-2"}
     shapes, seqlens = {}, {}
     for preset in ("tiny", "small", "paper"):
         for variant in gla.VARIANTS:
             for double_heads in (False, True):
                 c = gla.make_config(preset, variant, double_heads)
                 (Hk, Dk), (Hkv, Dv) = c.kv_cache_shapes
-                name = f"{preset} {variant_names[variant]}" + (" double heads" if double_heads else "")
+                name = f"{preset} {variant_name(variant)}" + (" double heads" if double_heads else "")
                 shapes[name] = (c.n_head, Hkv, Hk, Dk, Dv, c.attn != "gqa")
                 seqlens[name] = c.block_size
     return shapes, seqlens

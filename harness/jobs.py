@@ -18,6 +18,7 @@ worker (BrokenProcessPool) but cannot say which one died or by which signal, and
 import ctypes
 import multiprocessing
 import multiprocessing.connection
+from multiprocessing import resource_tracker
 import os
 import signal
 import sys
@@ -31,6 +32,7 @@ from harness.stops import Interrupted, RunError, StopFlag, UsageError, stop_on_s
 
 JOIN_TIMEOUT_S = 600  # how long a stopped worker may take to finish its step and checkpoint before we kill it
 TICK_S = 1.0  # how often the parent wakes to report progress
+STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}  # Ctrl-C; `timeout`, Slurm, systemd
 PR_SET_PDEATHSIG = 1  # prctl's option: the signal a process gets when its parent dies (linux/prctl.h)
 
 
@@ -67,6 +69,7 @@ def _worker(train_seeds, args, seeds, ctx, fingerprint, shared_stop, parent_pid,
     outcome = ("done", "")
     status = 0
     with stop_on_signals(stop):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # blocked since the parent started us: now handled
         tqdm.set_lock(threading.RLock())  # not tqdm's named semaphore, which the resource tracker reports as leaked
         torch.set_num_threads(ctx.threads)
         progress.report = False  # the parent reports for the whole job
@@ -97,11 +100,17 @@ def train_in_processes(train_seeds, args, shares, ctx, fingerprint, stop, progre
     function of train.py, runs there); returns when all finished. Raises Interrupted after a signal, RunError or
     UsageError after a worker's failure or death, each other worker having stopped at a checkpoint first."""
     spawn = multiprocessing.get_context("spawn")
-    stop.value = spawn.RawValue("i", stop.value.value)  # shared from now on: a signal to any process stops all
+    stop.share(spawn)  # from now on a signal to any process stops all
     progress.state = spawn.RawArray("d", list(progress.state))
     workers = []
-    # The workers start with SIGINT and SIGTERM ignored (inherited through exec) until they handle them themselves.
-    handlers = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
+    # While we start the workers, SIGINT and SIGTERM are blocked and ignored here; both pass through exec to the
+    # workers, so that a signal cannot kill one half-started. A signal meanwhile waits, pending (a blocked signal is
+    # never dropped), in us until our handler is back and in each worker until it handles them itself: either sets
+    # the shared flag that the workers read before each step. multiprocessing's resource tracker, started by the first
+    # spawn, would unblock them here: we start it first.
+    resource_tracker.ensure_running()
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    handlers = {s: signal.signal(s, signal.SIG_IGN) for s in STOP_SIGNALS}
     try:
         for slot, seeds in enumerate(shares):
             receive, send = spawn.Pipe(duplex=False)
@@ -114,6 +123,7 @@ def train_in_processes(train_seeds, args, shares, ctx, fingerprint, stop, progre
     finally:
         for s, handler in handlers.items():
             signal.signal(s, handler)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     try:
         outcomes = _wait(workers, stop, progress, log)
     finally:

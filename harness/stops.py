@@ -62,6 +62,14 @@ class StopFlag:
     def set(self, signum):
         self.value.value = signum
 
+    def share(self, context):
+        """From now on keep the flag in shared memory (context.RawValue), which worker processes can read. A signal
+        handled while we make it sets the old value (kept) or the new one: it is not lost."""
+        local = self.value
+        self.value = context.RawValue("i", 0)
+        if local.value:
+            self.value.value = local.value
+
 
 @contextmanager
 def stop_on_signals(stop):

@@ -596,8 +596,8 @@ class GPT(nn.Module):
         cached decode step per token (temperature, top_k as in `sample`), each handed its length so none waits for the
         GPU; compile=True compiles the steps (fullgraph), handed the cache's capacity as bound (static shapes: a compile
         per batch size and length). As forward, we stop at block_size: positions past it were never trained. Raises
-        ValueError naming the argument: idx not (B, T) token ids in [0, vocab_size) with B, T >= 1, max_new_tokens not an
-        integer >= 0, T + max_new_tokens > block_size, a temperature or top_k that check_sampling refuses."""
+        ValueError naming the argument: idx not (B, T) token ids in [0, vocab_size) with B, T >= 1, max_new_tokens
+        not an integer >= 0, T + max_new_tokens > block_size, a temperature or top_k that check_sampling refuses."""
         check_sampling(temperature, top_k)
         if not (isinstance(idx, torch.Tensor) and idx.dim() == 2 and idx.dtype in (torch.int64, torch.int32)):
             what = f"a {idx.dtype} tensor of shape {tuple(idx.shape)}" if isinstance(idx, torch.Tensor) else type(idx)

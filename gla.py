@@ -605,9 +605,10 @@ class GPT(nn.Module):
         B, T = idx.shape
         if B == 0 or T == 0:
             raise ValueError(f"idx must hold at least one prompt of at least one token, got shape {tuple(idx.shape)}")
-        if idx.min() < 0 or idx.max() >= self.config.vocab_size:
-            raise ValueError(f"idx must hold token ids in [0, vocab_size={self.config.vocab_size}), got "
-                             f"{idx.min().item()} to {idx.max().item()}")
+        low = idx.min().item()  # each reduction once (on a GPU, each .item() waits for it)
+        high = idx.max().item()
+        if low < 0 or high >= self.config.vocab_size:
+            raise ValueError(f"idx must hold token ids in [0, vocab_size={self.config.vocab_size}), got {low} to {high}")
         if not (is_int(max_new_tokens) and max_new_tokens >= 0):
             raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
         if T + max_new_tokens > self.config.block_size:

@@ -23,10 +23,7 @@ within its group (query head g * n_head / n_groups + h), d per-head feature, r l
 
 import hashlib
 import math
-import numbers
-import pathlib
 import re
-import sys
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
@@ -35,19 +32,8 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-try:
-    from kernels import MAX_LQ, decode_attention, decode_attention_ref, decode_mask
-except ImportError:
-    # Hugging Face's `kernels` package (transformers >= 5 imports it) has our kernels.py's name: if it was imported
-    # first, `import kernels` gives it. Anything else (our kernels.py failing) raises as it is.
-    found = getattr(sys.modules.get("kernels"), "__file__", None)
-    if found is None or pathlib.Path(found).resolve() == pathlib.Path(__file__).resolve().with_name("kernels.py"):
-        raise
-    here = pathlib.Path(__file__).resolve().parent
-    raise ImportError(f"gla.py needs the kernels.py beside it, but `import kernels` gave {found} (Hugging Face's "
-                      "package, which transformers imports, has the same name); in a new process, put this folder "
-                      f"first on sys.path (sys.path.insert(0, {str(here)!r})), import gla before transformers, and "
-                      "import transformers through bench.common.import_transformers(), which loads both") from None
+# Our kernels.py: Hugging Face's `kernels` package shares its name (bench/common.py's import_transformers loads both).
+from kernels import MAX_LQ, decode_attention, decode_attention_ref, decode_mask
 
 # ---- The config: presets, the paper's ratios, the MLP width rule -----------------------------------------------------
 ATTN_TYPES = ("gqa", "mla", "gla")
@@ -60,29 +46,14 @@ PRESETS = {  # model shapes: (n_layer, n_embd, head_dim, vocab_size, block_size)
 
 
 class ConfigError(ValueError):
-    """A configuration that cannot be built; the message says what to change."""
-
-
-INT_FIELDS = ("vocab_size", "block_size", "n_layer", "n_embd", "n_head", "ffn_hidden", "head_dim", "n_kv_head",
-              "q_lora_rank", "kv_lora_rank", "n_latent_heads", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
-
-
-def is_int(value):
-    """True for an integer (Python's or NumPy's), False for a bool, a float (even 2.0) or anything else."""
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
-def is_real(value):
-    """True for a real number (an integer or a float, Python's or NumPy's), False for a bool or anything else."""
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+    """A model configuration, or a tensor-parallel split, that cannot be built; one line, which train.py prints as
+    its flag error."""
 
 
 @dataclass
 class GPTConfig:
     """Everything that defines a model; saved beside every run and in every checkpoint. A variant ignores the
-    others' fields. Raises ConfigError (a ValueError) naming the field: a size that is not an integer or not positive,
-    head counts or dims the variant cannot split, rope_theta not a finite number > 0, norm_eps or init_std not a
-    finite number >= 0 (each would make the logits NaN)."""
+    others' fields. Raises ConfigError for query heads, or a latent, that cannot split into the variant's groups."""
     attn: str = "gqa"  # "gqa", "mla" or "gla"
     vocab_size: int = 256
     block_size: int = 128  # training sequence length; default cache capacity
@@ -103,44 +74,17 @@ class GPTConfig:
     init_std: float = 0.02
 
     def __post_init__(self):
-        if self.attn not in ATTN_TYPES:
-            raise ConfigError(f"unknown attn {self.attn!r}; choose one of {', '.join(ATTN_TYPES)}")
-        for name in INT_FIELDS:
-            if not is_int(getattr(self, name)):
-                raise ConfigError(f"{name}={getattr(self, name)!r} must be an integer")
-        for name in ("vocab_size", "block_size", "n_layer", "n_embd", "n_head", "ffn_hidden"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"{name}={getattr(self, name)} must be positive")
-        # RoPE's angles are position * rope_theta^(-i/d): NaN for a base <= 0. RMSNorm divides by
-        # sqrt(mean(x^2) + norm_eps): NaN for a negative eps.
-        if not (is_real(self.rope_theta) and 0 < self.rope_theta < math.inf):
-            raise ConfigError(f"rope_theta={self.rope_theta!r} must be a finite number > 0 (RoPE's base, e.g. 10000)")
-        for name in ("norm_eps", "init_std"):
-            if not (is_real(getattr(self, name)) and 0 <= getattr(self, name) < math.inf):
-                raise ConfigError(f"{name}={getattr(self, name)!r} must be a finite number >= 0")
+        assert self.attn in ATTN_TYPES, self.attn
         if self.attn == "gqa":
-            if self.n_kv_head <= 0 or self.n_head % self.n_kv_head:
-                raise ConfigError(f"GQA cannot split n_head={self.n_head} query heads into n_kv_head="
-                                  f"{self.n_kv_head} equal groups; choose n_head divisible by n_kv_head")
-            if self.head_dim <= 0 or self.head_dim % 2:
-                raise ConfigError(f"head_dim={self.head_dim} must be positive and even (RoPE rotates pairs)")
+            if self.n_kv_head < 1 or self.n_head % self.n_kv_head:
+                raise ConfigError(f"GQA cannot split n_head={self.n_head} query heads into n_kv_head={self.n_kv_head} "
+                                  "groups")
             return
-        if self.attn == "mla" and self.n_latent_heads != 1:
-            raise ConfigError(f"MLA has one latent head, got n_latent_heads={self.n_latent_heads}; use attn='gla'")
         g = self.n_latent_heads
-        if g <= 0:
-            raise ConfigError(f"GLA-{g} has no latent head: n_latent_heads={g} must be positive")
-        if self.n_head % g:
-            raise ConfigError(f"GLA-{g} cannot split n_head={self.n_head} query heads into {g} equal groups, one a "
-                              f"latent head; choose n_head divisible by {g}")
+        if g < 1 or self.n_head % g:
+            raise ConfigError(f"GLA-{g} cannot split n_head={self.n_head} query heads into {g} groups")
         if self.kv_lora_rank % g:
-            raise ConfigError(f"GLA-{g} cannot split kv_lora_rank={self.kv_lora_rank} into {g} equal latent heads; "
-                              f"choose kv_lora_rank divisible by {g}")
-        for name in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"{self.attn} needs {name} > 0, got {getattr(self, name)}")
-        if self.qk_rope_head_dim % 2:
-            raise ConfigError(f"qk_rope_head_dim={self.qk_rope_head_dim} must be even (RoPE rotates pairs)")
+            raise ConfigError(f"GLA-{g} cannot split kv_lora_rank={self.kv_lora_rank} into {g} latent heads")
 
     @property
     def rope_dim(self):
@@ -190,27 +134,11 @@ def make_config(preset="tiny", variant="gqa", double_heads=False, n_head=None, n
     heads together), qk_rope head_dim / 2, qk_nope = v = head_dim. double_heads doubles the query heads and nothing
     of the cache; the width rule then shrinks the MLP. n_layer, n_embd, head_dim replace the preset's; n_kv_head
     sizes GQA only and kv_lora_rank MLA / GLA only (the other designs ignore it, so one set of keywords serves all six
-    models); overrides set any other GPTConfig field. Each keyword left None takes its default; 0 is refused.
-
-    Raises ConfigError (a ValueError) naming the argument: a size that is not a positive integer, an unknown preset,
-    variant or field, a head_dim above n_embd (no query head would fit) or, for MLA / GLA, not a multiple of 4 (the
-    shared roped key is head_dim / 2 wide and RoPE rotates pairs), a width rule that leaves the MLP nothing (too many
-    query heads for n_embd), or a config that GPTConfig refuses."""
-    if preset not in PRESETS:
-        raise ConfigError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
-    m = re.fullmatch(r"(gqa|mla|gla)(\d*)", variant) if isinstance(variant, str) else None
+    models); overrides set any other GPTConfig field. Raises ConfigError for an unknown variant, a head_dim that
+    RoPE cannot rotate or that leaves no query head, and a width rule that leaves the MLP nothing."""
+    m = re.fullmatch(r"(gqa|mla|gla)(\d*)", variant)
     if m is None or (m[1] != "gla" and m[2]):
-        raise ConfigError(f"unknown attention variant {variant!r}; choose gqa, mla or gla2")
-    if not isinstance(double_heads, bool):
-        raise ConfigError(f"double_heads must be True or False, got {double_heads!r}")
-    given = dict(n_head=n_head, n_kv_head=n_kv_head, n_layer=n_layer, n_embd=n_embd, head_dim=head_dim,
-                 kv_lora_rank=kv_lora_rank)  # what the caller set: the messages below name it
-    for name, value in given.items():
-        if value is not None and not (is_int(value) and value > 0):
-            raise ConfigError(f"{name}={value!r} must be a positive integer")
-    unknown = sorted(set(overrides) - set(GPTConfig.__dataclass_fields__))
-    if unknown:
-        raise ConfigError(f"unknown GPTConfig field(s) {', '.join(unknown)}")
+        raise ConfigError(f"unknown attention variant {variant!r}; choose gqa, mla or glaG (e.g. gla2)")
     shape = PRESETS[preset]
     if n_layer is None:
         n_layer = shape[0]
@@ -218,26 +146,24 @@ def make_config(preset="tiny", variant="gqa", double_heads=False, n_head=None, n
         n_embd = shape[1]
     if head_dim is None:
         head_dim = shape[2]
-    chosen = ", ".join(f"{name}={value}" for name, value in given.items() if value is not None) or "the defaults"
     if n_head is None:
         if head_dim > n_embd:
-            source = "" if given["n_embd"] is not None else f" (the {preset} preset's)"
-            raise ConfigError(f"head_dim={head_dim} exceeds n_embd={n_embd}{source}: the default n_head = n_embd // "
-                              "head_dim would be 0; choose head_dim <= n_embd, or set n_head")
+            raise ConfigError(f"head_dim={head_dim} exceeds n_embd={n_embd}: n_head = n_embd // head_dim would be 0")
         n_head = n_embd // head_dim
     fields = dict(n_layer=n_layer, n_embd=n_embd, vocab_size=shape[3], block_size=shape[4], attn=m[1])
     if m[1] == "gqa":
+        if head_dim % 2:
+            raise ConfigError(f"head_dim={head_dim} must be even (RoPE rotates pairs)")
         if n_kv_head is None:
             n_kv_head = max(n_head // 4, 1)
         fields.update(head_dim=head_dim, n_kv_head=n_kv_head)
     else:
-        if head_dim % 4 and "qk_rope_head_dim" not in overrides:
-            raise ConfigError(f"head_dim={head_dim} must be a multiple of 4 for {variant}: its shared roped key is "
-                              f"head_dim / 2 = {head_dim / 2:g} wide, and RoPE rotates pairs")
+        if head_dim % 4:
+            raise ConfigError(f"head_dim={head_dim} must be a multiple of 4 for MLA / GLA (RoPE rotates pairs of "
+                              "their shared key, head_dim / 2 wide)")
         q_lora_rank = n_embd // 2 if m[1] == "mla" else _round8(n_embd / 3)
-        if q_lora_rank == 0 and "q_lora_rank" not in overrides:
-            raise ConfigError(f"n_embd={n_embd} is too narrow for {variant}: its q_lora_rank (n_embd / 2 for MLA, "
-                              "n_embd / 3 to a multiple of 8 for GLA) would be 0; choose n_embd >= 12")
+        if q_lora_rank == 0:
+            raise ConfigError(f"n_embd={n_embd} is too narrow: q_lora_rank would be 0")
         if kv_lora_rank is None:
             kv_lora_rank = 4 * head_dim
         fields.update(q_lora_rank=q_lora_rank, kv_lora_rank=kv_lora_rank, qk_nope_head_dim=head_dim,
@@ -249,14 +175,10 @@ def make_config(preset="tiny", variant="gqa", double_heads=False, n_head=None, n
     fields["n_head"] = 2 * n_head if double_heads else n_head
     fields.update(overrides)
     if "ffn_hidden" not in fields:  # the width rule counts the attention only
-        config = GPTConfig(**fields)  # checks everything but the width
-        fields["ffn_hidden"] = swiglu_width(config)
+        fields["ffn_hidden"] = swiglu_width(GPTConfig(**fields))
         if fields["ffn_hidden"] <= 0:
-            heads = f"2 x n_head={n_head} (double_heads)" if double_heads else f"n_head={n_head}"
-            raise ConfigError(f"{variant} with {heads} query heads ({chosen}, preset {preset}) leaves the MLP no "
-                              f"width: the attention's {attention_params(config):,} weights a layer take all of the "
-                              f"12 n_embd^2 = {12 * n_embd**2:,} that the width rule shares with the MLP (ffn_hidden "
-                              f"would be {fields['ffn_hidden']}); choose fewer query heads (n_head) or a larger n_embd")
+            raise ConfigError(f"{fields['n_head']} query heads leave the MLP no width (ffn_hidden "
+                              f"{fields['ffn_hidden']}): choose fewer query heads or a larger n_embd")
     return GPTConfig(**fields)
 
 
@@ -444,7 +366,7 @@ class CacheSlots(NamedTuple):
 
 
 class KVCache(nn.Module):
-    """One layer's decode cache, preallocated and written in place: a step allocates nothing, and torch.compile sees
+    """One layer's decode cache, preallocated and written in place: no step reallocates it, and torch.compile sees
     the same shapes every step. k_cache (B, Hk, S, Dk): GQA's roped keys, or MLA / GLA's one shared roped key; v_cache
     (B, Hkv, S, Dv): GQA's values, or the latent heads. Zeroed and head-major as in gpt-fast (each head's cache one
     contiguous (S, D) matrix, read in long runs); the kernels take (B, S, H, D) views (FA3's layout, latent as v)."""
@@ -526,10 +448,9 @@ class GPT(nn.Module):
 
     def forward(self, idx, targets=None):
         """idx, targets (B, T) int64, T <= block_size -> (logits (B, T, vocab_size), mean cross-entropy in nats or
-        None). Raises ValueError if T > block_size."""
+        None)."""
         T = idx.shape[1]
-        if T > self.config.block_size:
-            raise ValueError(f"sequence of {T} tokens is longer than block_size={self.config.block_size}")
+        assert T <= self.config.block_size, f"{T} tokens, but block_size is {self.config.block_size}"
         logits = self._run(idx, torch.arange(T, device=idx.device)[None])
         loss = None if targets is None else F.cross_entropy(logits.float().flatten(0, 1), targets.reshape(-1))
         return logits, loss
@@ -537,53 +458,28 @@ class GPT(nn.Module):
     def setup_cache(self, batch_size, max_seq_len=None, dtype=None):
         """Allocate every layer's KVCache: batch_size sequences of up to max_seq_len tokens (default block_size), in
         dtype (default the model's: decode attention reads it in that dtype, accumulating in float32, and the rest
-        computes in the model's). Raises ValueError for a batch_size or max_seq_len that is not a positive integer, or
-        a dtype that is not floating point."""
+        computes in the model's)."""
         p = self.tok_emb.weight
         if dtype is None:
             dtype = p.dtype
         if max_seq_len is None:
             max_seq_len = self.config.block_size
-        for name, value in ("batch_size", batch_size), ("max_seq_len", max_seq_len):
-            if not (is_int(value) and value > 0):
-                raise ValueError(f"{name}={value!r} must be a positive integer")
-        if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
-            raise ValueError(f"cache dtype must be floating point (e.g. torch.bfloat16), got {dtype}")
         for block in self.blocks:
             block.attn.cache = KVCache(batch_size, max_seq_len, *self.config.kv_cache_shapes, p.device, dtype)
 
     @torch.no_grad()
     def decode(self, idx, cache_seqlens, *, max_seqlen=None):
-        """Run Lq new tokens idx (B, Lq) int64 after cache_seqlens (B,) cached tokens each (ragged batches welcome) and
-        cache them; returns logits (B, Lq, vocab_size). Up to MAX_LQ tokens (a step, speculative drafts) attend through
-        the decode kernel, a prompt or more tokens through SDPA. A host-side bound max_seqlen >= max(cache_seqlens) + Lq
-        spares reading cache_seqlens on the host (no GPU sync; a step compiles with fullgraph=True).
-
-        Raises ValueError without a cache, for mismatched shapes, max_seqlen < Lq, or past the cache capacity; and for
-        cache_seqlens < 0 or max_seqlen < max(cache_seqlens) + Lq wherever we read cache_seqlens: without max_seqlen,
-        and with it on the CPU (a read there costs no sync). Not checked: on CUDA with max_seqlen, and in a compiled
-        step (reading the values would break the graph): the caller answers for them there, as generate does."""
+        """Run Lq new tokens idx (B, Lq) int64 after cache_seqlens (B,) int32 cached tokens each (ragged batches
+        welcome), write them into the cache and return their logits (B, Lq, vocab_size). Up to MAX_LQ tokens (a step,
+        speculative drafts) attend through the decode kernel, a prompt or more tokens through SDPA. max_seqlen: a
+        host-side bound on max(cache_seqlens) + Lq, at most the cache's max_seq_len; with it nothing waits for the GPU,
+        so a step compiles whole (fullgraph=True)."""
         cache = self.blocks[0].attn.cache
-        if cache is None:
-            raise ValueError("no KV cache: call model.setup_cache(batch_size, max_seq_len) before decode")
-        (B, Lq), capacity = idx.shape, cache.k_cache.shape[2]
-        if cache.k_cache.shape[0] != B or cache_seqlens.shape != (B,):
-            raise ValueError(f"cache holds {cache.k_cache.shape[0]} sequences, got idx {tuple(idx.shape)} "
-                             f"and cache_seqlens {tuple(cache_seqlens.shape)}")
-        if max_seqlen is not None and max_seqlen < Lq:
-            raise ValueError(f"max_seqlen={max_seqlen} must count the Lq={Lq} new tokens too")
-        if max_seqlen is None or not (cache_seqlens.is_cuda or torch.compiler.is_compiling()):
-            lo, hi = (int(x) for x in torch.aminmax(cache_seqlens))  # on CUDA: waits for the GPU
-            if lo < 0:
-                raise ValueError(f"cache_seqlens must be >= 0, got {cache_seqlens.tolist()}")
-            if max_seqlen is None:
-                max_seqlen = hi + Lq
-            elif max_seqlen < hi + Lq:
-                raise ValueError(f"max_seqlen={max_seqlen} is below max(cache_seqlens) + Lq = {hi} + {Lq}: it must "
-                                 "bound every sequence's length after this call")
-        if max_seqlen > capacity:
-            raise ValueError(f"decode past the cache capacity: {max_seqlen} tokens > max_seq_len={capacity}; "
-                             "call setup_cache with a larger max_seq_len")
+        assert cache is not None, "call setup_cache first"
+        Lq = idx.shape[1]
+        if max_seqlen is None:
+            max_seqlen = int(cache_seqlens.max()) + Lq  # the cache is sliced to a host-side length: a GPU sync
+        assert max_seqlen <= cache.k_cache.shape[2], "past the cache's max_seq_len"
         positions = cache_seqlens[:, None].long() + torch.arange(Lq, device=idx.device)  # (B, Lq)
         slots = CacheSlots(positions, (cache_seqlens + Lq).to(torch.int32), max_seqlen)
         if slots.use_decode_attention and not idx.is_cuda:  # the CPU decode path: one mask for every layer
@@ -595,27 +491,10 @@ class GPT(nn.Module):
         """Sample max_new_tokens after the prompts idx (B, T) int64 -> (B, T + max_new_tokens) int64: a prefill, then a
         cached decode step per token (temperature, top_k as in `sample`), each handed its length so none waits for the
         GPU; compile=True compiles the steps (fullgraph), handed the cache's capacity as bound (static shapes: a compile
-        per batch size and length). As forward, we stop at block_size: positions past it were never trained. Raises
-        ValueError naming the argument: idx not (B, T) token ids in [0, vocab_size) with B, T >= 1, max_new_tokens
-        not an integer >= 0, T + max_new_tokens > block_size, a temperature or top_k that check_sampling refuses."""
-        check_sampling(temperature, top_k)
-        if not (isinstance(idx, torch.Tensor) and idx.dim() == 2 and idx.dtype in (torch.int64, torch.int32)):
-            what = f"a {idx.dtype} tensor of shape {tuple(idx.shape)}" if isinstance(idx, torch.Tensor) else type(idx)
-            raise ValueError(f"idx must be a (B, T) tensor of integer token ids, got {what}")
+        per batch size and length). As forward, we stop at block_size: positions past it were never trained."""
         B, T = idx.shape
-        if B == 0 or T == 0:
-            raise ValueError(f"idx must hold at least one prompt of at least one token, got shape {tuple(idx.shape)}")
-        low = idx.min().item()  # each reduction once (on a GPU, each .item() waits for it)
-        high = idx.max().item()
-        if low < 0 or high >= self.config.vocab_size:
-            raise ValueError(f"idx must hold token ids in [0, vocab_size={self.config.vocab_size}), got {low} to {high}")
-        if not (is_int(max_new_tokens) and max_new_tokens >= 0):
-            raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
-        if T + max_new_tokens > self.config.block_size:
-            raise ValueError(f"a {T}-token prompt + max_new_tokens={max_new_tokens} exceed block_size="
-                             f"{self.config.block_size} (positions past it were never trained; forward refuses them "
-                             "too): lower max_new_tokens or shorten the prompt")
         S = T + max_new_tokens
+        assert S <= self.config.block_size, f"{S} tokens, but block_size is {self.config.block_size}"
         self.setup_cache(B, S)
         out = torch.cat([idx, idx.new_empty(B, max_new_tokens)], dim=1)  # (B, S): the prompt, then the samples
         cached = torch.zeros(B, dtype=torch.int32, device=idx.device)  # tokens in the cache
@@ -632,25 +511,17 @@ class GPT(nn.Module):
         return out
 
 
-def check_sampling(temperature, top_k):
-    """Raise ValueError (one line, naming the argument) unless temperature is 0 (greedy) or a finite number > 0, and
-    top_k is None or an integer >= 0."""
-    if not (is_real(temperature) and 0 <= temperature < math.inf):
-        raise ValueError(f"temperature must be >= 0 and finite (0 = greedy), got {temperature!r}")
-    if top_k is not None and not (is_int(top_k) and top_k >= 0):
-        raise ValueError(f"top_k must be >= 0, an integer (0 or None: no filtering), got {top_k!r}")
-
-
 def sample(logits, temperature=1.0, top_k=None):
     """Next token ids (B,) int64 from logits (B, vocab_size): argmax at temperature 0, else a draw from
-    softmax(logits / temperature) over the top_k likeliest (None or 0: all of them, as HF). Raises ValueError as
-    check_sampling.
+    softmax(logits / temperature) over the top_k likeliest (None or 0: all of them, as HF).
 
     We divide logits - max, not the logits, by the temperature, and in float64 (which holds any positive Python
     float): the likeliest token's scaled logit is then 0 and every other one <= 0, so a tiny temperature (1e-40)
     leaves only the likeliest tokens (greedy-like, ties drawn evenly), where logits / temperature would overflow to
-    inf and softmax give NaN."""
-    check_sampling(temperature, top_k)
+    inf and softmax give NaN. The draw is gpt-fast's multinomial_sample_one_no_sync: argmax_i p_i / E_i with E_i ~
+    Exponential(1) drawn per token. E_i / p_i is an exponential wait of rate p_i and the shortest of such waits is
+    token i's with probability p_i, so this draws as torch.multinomial does, without waiting for the GPU."""
+    assert temperature >= 0, temperature
     if temperature == 0:
         return logits.argmax(dim=-1)
     shifted = logits.double() - logits.double().amax(dim=-1, keepdim=True)  # (B, vocab): <= 0, the likeliest 0
@@ -658,7 +529,8 @@ def sample(logits, temperature=1.0, top_k=None):
     if top_k and top_k < logits.size(-1):
         kth = torch.topk(logits, top_k).values[:, -1:]  # (B, 1): the k-th largest logit
         logits = logits.masked_fill(logits < kth, float("-inf"))
-    return torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)[:, 0]
+    probs = F.softmax(logits, dim=-1)
+    return (probs / torch.empty_like(probs).exponential_(1)).argmax(dim=-1)
 
 
 # ----------------------------------------------------------------------------
@@ -679,15 +551,12 @@ class TPShare(NamedTuple):
 
 def tp_share(config, rank, tp):
     """The TPShare of rank of tp: n_head / tp query heads, ffn_hidden / tp MLP columns; KV / latent heads split when tp
-    divides them, shared when a multiple. Raises ConfigError otherwise, or unless tp divides n_head and ffn_hidden;
-    ValueError for a rank outside [0, tp)."""
+    divides them, shared when a multiple. Raises ConfigError for a tp that cannot split the model so."""
     g = config.n_groups
-    if not is_int(tp) or tp < 1 or config.n_head % tp or config.ffn_hidden % tp or (g % tp and tp % g):
-        raise ConfigError(f"tp={tp} must divide n_head={config.n_head} and ffn_hidden={config.ffn_hidden}, "
-                          f"and divide {'n_kv_head' if config.attn == 'gqa' else 'n_latent_heads'}={g} or be a "
-                          "multiple of it; pick another tp (--tp)")
-    if not (is_int(rank) and 0 <= rank < tp):
-        raise ValueError(f"rank={rank!r} must be an integer in [0, tp={tp})")
+    if config.n_head % tp or config.ffn_hidden % tp or (g % tp and tp % g):
+        raise ConfigError(f"tp={tp} must divide n_head={config.n_head} and ffn_hidden={config.ffn_hidden}, and divide "
+                          f"{'n_kv_head' if config.attn == 'gqa' else 'n_latent_heads'}={g} or be a multiple of it")
+    assert 0 <= rank < tp, (rank, tp)
     local, H = max(g // tp, 1), config.n_head // tp  # KV / latent heads and query heads per rank
     fields = dict(n_kv_head=local) if config.attn == "gqa" else dict(n_latent_heads=local,
                                                                      kv_lora_rank=config.kv_lora_rank // g * local)

@@ -44,10 +44,10 @@ def get_args(argv):
         raise UsageError(f"--tp must be 1 or more (processes), got {args.tp}")
     if args.max_new_tokens is not None and args.max_new_tokens < 0:
         raise UsageError(f"--max_new_tokens must be >= 0, got {args.max_new_tokens}")
-    try:
-        gla.check_sampling(args.temperature, args.top_k)
-    except ValueError as e:
-        raise UsageError(str(e)) from None
+    if not (math.isfinite(args.temperature) and args.temperature >= 0):
+        raise UsageError(f"--temperature must be >= 0 and finite (0: greedy), got {args.temperature}")
+    if args.top_k < 0:
+        raise UsageError(f"--top_k must be >= 0 (0: every token), got {args.top_k}")
     return args
 
 

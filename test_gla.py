@@ -727,6 +727,19 @@ def test_sampling_command_bad_input_is_one_line(tmp_path, capsys, monkeypatch):
             monkeypatch.delenv(key)
 
 
+def test_sampling_command_names_the_runs_that_exist_and_a_double_heads_run(tmp_path, capsys):
+    """Issue 59 item 4: a reader who samples a run the quick start did not make is told which runs exist, and a
+    double-heads run's header says so."""
+    run = tmp_path / "out" / "one" / "gla2_double_heads" / "seed1337"
+    run.mkdir(parents=True)
+    save_run(run / "ckpt.pt", small_model("gla2", block_size=32))
+    assert train.cli(["--sample", str(tmp_path / "out" / "gla2" / "seed1337")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"runs with a checkpoint under {tmp_path / 'out'}: {run}" in err, err
+    assert train.cli(["--sample", str(run), "--max_new_tokens", "2"]) == 0
+    assert "gla2 double heads (8 query heads)" in capsys.readouterr().out.splitlines()[0]
+
+
 def test_sampling_command_takes_a_tiny_temperature_and_a_prompt_that_is_not_utf8(tmp_path, capsys):
     """Issue 48 item 5: --temperature 1e-40 ended in torch.multinomial, and a --prompt of bytes that are not UTF-8
     (argv reaches Python as surrogates) in the codec, both with tracebacks. Both sample now (exit 0); the prompt's

@@ -135,7 +135,14 @@ def load_run(path):
     if path.is_dir():
         path = path / "ckpt.pt"
     if not path.is_file():
-        raise UsageError(f"no checkpoint at {path}; pass a run's ckpt.pt or its folder (<out_dir>/<run>/seed<seed>)")
+        top = path.parent
+        while not top.is_dir():  # the nearest folder that exists, e.g. the out_dir the reader meant
+            top = top.parent
+        found = sorted(top.glob("*/seed*/ckpt.pt")) + sorted(top.glob("*/*/seed*/ckpt.pt"))
+        names = ", ".join(str(run.parent) for run in found[:6])
+        have = f"; runs with a checkpoint under {top}: {names}" if found else ""
+        raise UsageError(f"no checkpoint at {path}; pass a run's ckpt.pt or its folder (<out_dir>/<run>/seed<seed>)"
+                         f"{have}")
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
         config = gla.GPTConfig(**ckpt["config"]["model"])
@@ -251,6 +258,9 @@ def sample_one(path, config, state, codec, prompt, new, args, ctx, world):
     else:
         how = f"temperature {args.temperature}, top_k {args.top_k}"
     variant = f"gla{config.n_latent_heads}" if config.attn == "gla" else config.attn
+    folder = pathlib.Path(path) if pathlib.Path(path).is_dir() else pathlib.Path(path).parent  # <out_dir>/<run>/seed<S>
+    if folder.parent.name.endswith("_double_heads"):  # train.py's run_name
+        variant += f" double heads ({config.n_head} query heads)"
     rate = new / seconds if seconds > 0 else math.inf
     print(f"== {path}: {variant}, {codec.name}, tp {world}, {ctx.device.type}, {model.tok_emb.weight.dtype}, {how}, "
           f"seed {args.seed}", codec.decode(tokens),

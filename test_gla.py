@@ -1719,8 +1719,8 @@ def test_no_usable_runs_exit_2_without_outputs(tmp_path, capsys, case):
 
 @pytest.mark.parametrize("bad", ["cut", "nan"])
 def test_a_bad_metrics_line_is_one_line(tmp_path, capsys, bad):
-    """A line cut short before the last, or a NaN val_loss (train.py stops a run before it writes one), is one line
-    naming the file and line, exit 2 and nothing written."""
+    """A line cut short before the last, or a NaN val_loss (a run that diverged, which train.py stops at its next
+    step), is one line naming the file and line, exit 2 and nothing written: no figure with a diverged arm."""
     out = tmp_path / "out"
     _write_seeds(out)
     path = out / plot.VARIANTS[1] / "seed1337" / "metrics.jsonl"

@@ -1498,7 +1498,8 @@ def test_import_without_triton(monkeypatch):
 # plot.py: the double-heads figure
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-RUNS = ["gqa", "gqa_double_heads", "mla", "mla_double_heads", "gla2", "gla2_double_heads"]
+RUNS = [v + suffix for v in plot.VARIANTS for suffix in ("", plot.DOUBLE_SUFFIX)]
+LABELS = [plot.STYLE[v][0] for v in plot.VARIANTS]
 
 
 def _run_config(run, seed, **changes):
@@ -1532,32 +1533,34 @@ def _write_run(out, run, tokens, val_loss, extra_lines=(), config=None):
 
 
 def _synthetic(n=9, step=500_000):
-    """Token grid and per-run losses; GLA-2 has one dL < 0 and one dL == 0."""
+    """Token grid and per-run losses; every variant's dL differs, and the last variant's has one dL < 0 and one
+    dL == 0."""
     tokens = np.arange(n) * step
     base = 4.0 - 0.1 * np.arange(n)
-    deltas = {"gqa": np.linspace(0.01, 0.004, n), "mla": np.linspace(0.006, 0.008, n),
-              "gla2": np.linspace(0.004, 0.002, n)}
-    deltas["gla2"][3] = -0.0015
-    deltas["gla2"][5] = 0.0
     losses = {}
-    for v, d in deltas.items():
-        losses[v] = base + 0.01 * len(v)
-        losses[v + "_double_heads"] = losses[v] - d
+    for i, v in enumerate(plot.VARIANTS):
+        delta = np.linspace(0.004 + 0.003 * i, 0.002 + 0.001 * i, n)
+        if v == plot.VARIANTS[-1]:
+            delta[3], delta[5] = -0.0015, 0.0
+        losses[v] = base + 0.01 * i
+        losses[v + "_double_heads"] = losses[v] - delta
     return tokens, losses
 
 
-def _write_all(out, runs=RUNS, **kw):
-    tokens, losses = _synthetic(**kw)
-    for r in runs:
-        _write_run(out, r, tokens, losses[r])
+def _write_seeds(out, seeds=(1337,), shifts=None, runs=RUNS, config=None):
+    """Every run of `runs` for each seed, the double-heads losses of seed k lowered by shifts[k] (dL raised by it)."""
+    tokens, losses = _synthetic()
+    for k, seed in enumerate(seeds):
+        for run in runs:
+            shift = shifts[k] if shifts and run.endswith("_double_heads") else 0.0
+            _write_run(out, f"{run}/seed{seed}", tokens, losses[run] - shift, config=config)
     return tokens, losses
 
 
 def _read_csv(path):
-    """(variant, tokens, val_loss_baseline, val_loss_double_heads, dL) of a one-seed CSV."""
+    """(variant, tokens, val_loss_baseline, val_loss_double_heads, dL) of a one-seed CSV, whose columns it checks."""
     header = path.read_text().splitlines()[0]
-    assert header == ("variant,tokens,n_seeds,unit,val_loss_baseline,val_loss_double_heads,dL_mean,dL_ci95_low,"
-                      "dL_ci95_high,dL_seed1337")
+    assert header.split(",") == plot.CSV_COLUMNS + ["dL_seed1337"]
     rows = list(csv_rows(path))
     for r in rows:  # one seed: no interval, and the mean is that seed's dL
         assert r["n_seeds"] == "1" and r["dL_ci95_low"] == r["dL_ci95_high"] == "" and r["dL_mean"] == r["dL_seed1337"]
@@ -1572,45 +1575,41 @@ def _run_main(tmp_path, out):
     return rc, png, png.with_suffix(".csv")
 
 
-def test_all_six_runs_values_and_nonpositive_points(tmp_path, capsys):
+def _n_seeds(csv_path):
+    return {r["variant"]: r["n_seeds"] for r in csv_rows(csv_path)}
+
+
+def test_every_variants_values_and_nonpositive_points(tmp_path, capsys):
     out = tmp_path / "out"
-    tokens, losses = _write_all(out)
+    tokens, losses = _write_seeds(out)
     rc, png, csv = _run_main(tmp_path, out)
     assert rc == 0
     assert png.read_bytes()[:8] == PNG_MAGIC and png.stat().st_size > 5000
     rows = _read_csv(csv)
-    assert [r[0] for r in rows] == ["GQA"] * 9 + ["MLA"] * 9 + ["GLA-2"] * 9
-    for name, label in [("gqa", "GQA"), ("mla", "MLA"), ("gla2", "GLA-2")]:
+    assert [r[0] for r in rows] == [label for label in LABELS for _ in tokens]
+    for name, label in zip(plot.VARIANTS, LABELS):
         got = [r for r in rows if r[0] == label]
         assert [r[1] for r in got] == list(tokens)
         for (_, t, b, d, x), bl, dl in zip(got, losses[name], losses[name + "_double_heads"]):
             assert b == pytest.approx(bl, abs=1e-12) and d == pytest.approx(dl, abs=1e-12)
             assert x == pytest.approx(bl - dl, abs=1e-12)
-    gla = [r[4] for r in rows if r[0] == "GLA-2"]
-    assert gla[3] == pytest.approx(-0.0015, abs=1e-12) and gla[5] == pytest.approx(0.0, abs=1e-12)
+    last = [r[4] for r in rows if r[0] == LABELS[-1]]  # dL < 0 and dL == 0 are plotted, not dropped
+    assert last[3] == pytest.approx(-0.0015, abs=1e-12) and last[5] == pytest.approx(0.0, abs=1e-12)
     # no temporary files left beside the outputs
     assert sorted(p.name for p in png.parent.iterdir()) == ["ablation.csv", "ablation.png"]
     stdout = capsys.readouterr().out
-    assert str(png) in stdout and "GLA-2" in stdout
-
-
-def test_delta_loss_aligns_on_common_tokens():
-    base = [{"tokens": t, "val_loss": 3.0 + t} for t in (0, 10, 20, 30)]
-    double = [{"tokens": t, "val_loss": 2.5 + t} for t in (10, 20, 30, 40)]
-    tokens, bl, dl, delta = plot.delta_loss(base, double)
-    assert list(tokens) == [10, 20, 30]
-    assert np.allclose(bl, [13.0, 23.0, 33.0]) and np.allclose(dl, [12.5, 22.5, 32.5])
-    assert np.allclose(delta, 0.5)
+    assert str(png) in stdout and all(label in stdout for label in LABELS)
 
 
 def test_missing_run_warns_and_skips_variant(tmp_path, capsys):
     out = tmp_path / "out"
-    _write_all(out, runs=[r for r in RUNS if r != "mla_double_heads"])
+    missing = plot.VARIANTS[1] + plot.DOUBLE_SUFFIX
+    _write_seeds(out, runs=[r for r in RUNS if r != missing])
     rc, png, csv = _run_main(tmp_path, out)
     assert rc == 0 and png.exists()
-    err = capsys.readouterr().err
-    assert "mla_double_heads" in err and "MLA" in err
-    assert {r[0] for r in _read_csv(csv)} == {"GQA", "GLA-2"}
+    note = capsys.readouterr().err.strip().splitlines()
+    assert len(note) == 1 and os.path.join(missing, "seed1337") in note[0] and LABELS[1] in note[0]
+    assert [label for label in _n_seeds(csv)] == [label for label in LABELS if label != LABELS[1]]
 
 
 @pytest.mark.parametrize("case", ["nonexistent", "empty", "no_complete_variant"])
@@ -1619,144 +1618,83 @@ def test_no_usable_runs_exit_2_without_outputs(tmp_path, capsys, case):
     if case != "nonexistent":
         out.mkdir()
     if case == "no_complete_variant":
-        _write_all(out, runs=["gqa", "mla_double_heads"])
+        _write_seeds(out, runs=[plot.VARIANTS[0], plot.VARIANTS[1] + plot.DOUBLE_SUFFIX])
     rc, png, csv = _run_main(tmp_path, out)
     assert rc == 2
-    err = capsys.readouterr().err
-    assert len(err.strip().splitlines()) == 1 and "error" in err
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("plot.py: error:") and not any("error" in line for line in err[:-1])
     assert not png.exists() and not csv.exists()
     assert not (tmp_path / "fig").exists() or not any((tmp_path / "fig").iterdir())
 
 
-def test_truncated_last_line_is_skipped(tmp_path, capsys):
+@pytest.mark.parametrize("bad", ["cut", "nan"])
+def test_a_bad_metrics_line_is_one_line(tmp_path, capsys, bad):
+    """A line cut short before the last, or a NaN val_loss (a run that diverged, which train.py stops at its next
+    step), is one line naming the file and line, exit 2 and nothing written: no figure with a diverged arm."""
     out = tmp_path / "out"
-    tokens, losses = _write_all(out)
-    _write_run(out, "gqa", tokens, losses["gqa"],
-               extra_lines=['{"iter": 9, "tokens": 4500000, "train_lo'])
-    rc, _, csv = _run_main(tmp_path, out)
-    assert rc == 0
-    err = capsys.readouterr().err
-    assert "gqa" in err and "line 10" in err
-    assert [r[1] for r in _read_csv(csv) if r[0] == "GQA"] == list(tokens)
-
-
-def test_invalid_json_in_the_middle_is_an_error(tmp_path, capsys):
-    out = tmp_path / "out"
-    _write_all(out)
-    path = out / "mla" / "seed1337" / "metrics.jsonl"
+    _write_seeds(out)
+    path = out / plot.VARIANTS[1] / "seed1337" / "metrics.jsonl"
     lines = path.read_text().splitlines()
-    lines[2] = lines[2][:15]
+    lines[2] = lines[2][:15] if bad == "cut" else re.sub(r'"val_loss": [0-9.]+', '"val_loss": NaN', lines[2])
     path.write_text("\n".join(lines) + "\n")
     rc, png, csv = _run_main(tmp_path, out)
     assert rc == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "mla" in err and "line 3" in err
+    assert len(err.splitlines()) == 1 and str(path) in err and "line 3" in err
     assert not png.exists() and not csv.exists()
 
 
-def test_nan_val_loss_point_is_skipped(tmp_path, capsys):
-    out = tmp_path / "out"
-    tokens, losses = _write_all(out)
-    bad = losses["mla_double_heads"].copy()
-    bad[4] = math.nan
-    _write_run(out, "mla_double_heads", tokens, bad)
-    assert "NaN" in (out / "mla_double_heads" / "seed1337" / "metrics.jsonl").read_text()
-    rc, _, csv = _run_main(tmp_path, out)
-    assert rc == 0
-    assert "mla_double_heads" in capsys.readouterr().err
-    rows = _read_csv(csv)
-    assert [r[1] for r in rows if r[0] == "MLA"] == [t for i, t in enumerate(tokens) if i != 4]
-    assert all(math.isfinite(x) for r in rows for x in r[2:])
-
-
-def test_different_lengths_plot_overlap_and_duplicates_keep_last(tmp_path, capsys):
-    out = tmp_path / "out"
-    tokens, losses = _write_all(out)
-    _write_run(out, "gla2_double_heads", tokens[:5], losses["gla2_double_heads"][:5])
-    # gqa re-evaluated at tokens[2] (e.g. after a resume): the later value wins
-    _write_run(out, "gqa", list(tokens) + [tokens[2]], list(losses["gqa"]) + [9.0])
-    rc, _, csv = _run_main(tmp_path, out)
-    assert rc == 0
-    assert "note" in capsys.readouterr().err
-    rows = _read_csv(csv)
-    assert [r[1] for r in rows if r[0] == "GLA-2"] == list(tokens[:5])
-    gqa = {r[1]: r for r in rows if r[0] == "GQA"}
-    assert len(gqa) == len(tokens) and gqa[tokens[2]][2] == 9.0
-    assert gqa[tokens[2]][4] == pytest.approx(9.0 - losses["gqa_double_heads"][2])
-
-
-def _colour_pixels(png, rgb, rows=slice(None)):
-    """Pixels of `png` within a small distance of the colour rgb (0-255), in the given rows."""
+def _colour_pixels(png, rgb, rows, columns):
+    """Pixels of `png` within a small distance of the colour rgb (0-255), in the given rows and columns."""
     import matplotlib.image
 
-    img = matplotlib.image.imread(png)[rows, :, :3] * 255
+    img = matplotlib.image.imread(png)[rows, columns, :3] * 255
     return int((np.abs(img - np.array(rgb)).max(axis=-1) < 12).sum())
 
 
 def test_every_variant_stays_visible_when_curves_coincide_or_mirror(tmp_path):
-    # GQA and MLA identical at every point (+0.01), GLA-2 their mirror image (-0.01):
-    # one curve drawn over another must not hide it.
+    # Every variant but the last at +0.01 at every point, the last its mirror image (-0.01): one curve drawn over
+    # another must not hide it.
+    import matplotlib.colors
+
     out = tmp_path / "out"
     tokens = np.arange(1, 9) * 100_000
-    for run, delta in (("gqa", 0.01), ("mla", 0.01), ("gla2", -0.01)):
+    for v in plot.VARIANTS:
         base = 3.0 - 0.05 * np.arange(8)
-        _write_run(out, run, tokens, base)
-        _write_run(out, run + "_double_heads", tokens, base - delta)
+        _write_run(out, v, tokens, base)
+        _write_run(out, v + plot.DOUBLE_SUFFIX, tokens, base - (-0.01 if v == plot.VARIANTS[-1] else 0.01))
     rc, png, _ = _run_main(tmp_path, out)
     assert rc == 0
-    below_legend = slice(60, 600)  # the two panels' rows: the legend, which also shows each colour, is under them
-    for name, rgb in (("GQA teal", (0, 128, 128)), ("MLA royalblue", (65, 105, 225)), ("GLA-2 gray", (128, 128, 128))):
-        assert _colour_pixels(png, rgb, below_legend) > 150, f"{name} is hidden"
+    # The two panels of curves: the legend under them and the final dL's panel right of them show each colour too.
+    rows, columns = slice(100, 600), slice(0, 1400)
+    for label, colour, _ in plot.STYLE.values():
+        rgb = [255 * x for x in matplotlib.colors.to_rgb(colour)]
+        assert _colour_pixels(png, rgb, rows, columns) > 150, f"{label} ({colour}) is hidden"
 
 
 def test_seeds_missing_one_run_are_left_out_with_a_note(tmp_path, capsys):
     out = tmp_path / "out"
-    tokens, losses = _synthetic()
-    for seed, shift in ((1, 0.0), (2, 0.002), (3, 0.004)):
-        for run in RUNS:
-            if not (seed == 3 and run == "mla_double_heads"):
-                _write_run(out, f"{run}/seed{seed}", tokens, losses[run] - (shift if "double" in run else 0))
+    _write_seeds(out, seeds=(1, 2, 3), shifts=(0.0, 0.002, 0.004))
+    gone = out / (plot.VARIANTS[1] + plot.DOUBLE_SUFFIX) / "seed3"
+    shutil.rmtree(gone)
     rc, _, csv = _run_main(tmp_path, out)
     assert rc == 0
-    assert "MLA: seed 3 has only one of its two runs" in capsys.readouterr().err
+    assert f"{LABELS[1]}: seed 3 has only one of its two runs ({gone} has no metrics.jsonl)" in capsys.readouterr().err
     rows = list(csv_rows(csv))
-    assert {r["variant"]: r["n_seeds"] for r in rows} == {"GQA": "3", "MLA": "2", "GLA-2": "3"}
-    gqa = [r for r in rows if r["variant"] == "GQA"][0]  # seeds' dL: d, d + 0.002, d + 0.004
-    d = losses["gqa"][0] - losses["gqa_double_heads"][0]
-    assert float(gqa["dL_mean"]) == pytest.approx(d + 0.002, abs=1e-12)
-    half = plot.t975(2) * 0.002 / math.sqrt(3)  # the 95% t interval: t(0.975, 2 df) standard errors
-    assert float(gqa["dL_ci95_high"]) - float(gqa["dL_mean"]) == pytest.approx(half, abs=1e-12)
-    assert float(gqa["dL_mean"]) - float(gqa["dL_ci95_low"]) == pytest.approx(half, abs=1e-12)
-    assert gqa["dL_seed3"] != "" and [r for r in rows if r["variant"] == "MLA"][0]["dL_seed3"] == ""
-
-
-def test_symlog_band_follows_the_seed_noise_not_the_smallest_value(tmp_path):
-    """Two seeds whose dL is +-0.01 about a mean near 1e-4 (the P1 regime): the linear band of the y axis covers
-    the seed noise (the median spread of the seeds, 0.02, rounded up to 0.1), so noise cannot swing across decades;
-    with one seed there is no spread, and it sits at the smallest |mean dL|."""
-    out = tmp_path / "out"
+    assert _n_seeds(csv) == {label: "2" if label == LABELS[1] else "3" for label in LABELS}
+    first = [r for r in rows if r["variant"] == LABELS[0]][0]  # seeds' dL: d, d + 0.002, d + 0.004
     tokens, losses = _synthetic()
-    rng = np.random.default_rng(0)
-    for seed in (1, 2):
-        noise = (1 if seed == 1 else -1) * 0.01 + 1e-4 * rng.standard_normal(len(tokens))
-        for run in RUNS:
-            base = losses[run.replace("_double_heads", "")]
-            _write_run(out, f"{run}/seed{seed}", tokens, base - (noise if "double" in run else 0))
-    curves, unit = plot.curves_from_runs(out)
-    assert unit == "nats/byte"
-    widths = np.concatenate([np.ptp(c.delta, axis=0) for c in curves.values()])
-    assert np.median(widths) == pytest.approx(0.02, abs=1e-3) and np.abs(curves["GQA"].mean).max() < 1e-3
-    assert plot.linear_band(curves) == pytest.approx(0.1)
-    one_seed = {label: plot.Curve([1], c.tokens, c.base, c.double, c.delta[:1] * 0 + 0.003)
-                for label, c in curves.items()}
-    assert plot.linear_band(one_seed) == pytest.approx(1e-3)
-    rc, png, _ = _run_main(tmp_path, out)
-    assert rc == 0 and png.read_bytes()[:8] == PNG_MAGIC
+    d = losses[plot.VARIANTS[0]][0] - losses[plot.VARIANTS[0] + plot.DOUBLE_SUFFIX][0]
+    assert float(first["dL_mean"]) == pytest.approx(d + 0.002, abs=1e-12)
+    half = plot.t975(2) * 0.002 / math.sqrt(3)  # the 95% t interval: t(0.975, 2 df) standard errors
+    assert float(first["dL_ci95_high"]) - float(first["dL_mean"]) == pytest.approx(half, abs=1e-12)
+    assert float(first["dL_mean"]) - float(first["dL_ci95_low"]) == pytest.approx(half, abs=1e-12)
+    assert first["dL_seed3"] != "" and [r for r in rows if r["variant"] == LABELS[1]][0]["dL_seed3"] == ""
 
 
 def test_cli_subprocess_end_to_end(tmp_path):
     out = tmp_path / "out"
-    _write_all(out)
+    _write_seeds(out)
     png = tmp_path / "cli.png"
     cmd = [sys.executable, plot.__file__, "--out_dir", str(out), "--output", str(png)]
     ok = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
@@ -1779,78 +1717,68 @@ def test_plot_imports_neither_torch_nor_the_model():
 
 
 @pytest.mark.parametrize("setting, value", [("train.learning_rate", 9e-3), ("data.fingerprint", "ffffffffffffffff"),
-                                            ("train.init", "independent"), ("model.n_embd", 128),
-                                            ("model.n_head", 8)])
+                                            ("train.init", "independent"), ("model.n_embd", 128)])
 def test_a_pair_whose_settings_differ_is_left_out_and_named(tmp_path, capsys, setting, value):
-    """Seed 2's MLA double-heads run differs from its baseline in one setting (model.n_head 8: not doubled): that
-    pair is left out in one line naming the runs and the setting; the other pairs are plotted. A data source that
-    differs only in its path (every run's data.source here) is the same data."""
+    """Seed 2's double-heads run of the second variant differs from its baseline in one setting: that pair is left
+    out in one line naming the runs and the setting; the other pairs are plotted. A data source that differs only
+    in its path (every run's data.source here) is the same data, and n_head and ffn_hidden differ in every pair."""
     out = tmp_path / "out"
+    _write_seeds(out, seeds=(1, 2))
+    variant = plot.VARIANTS[1]
     tokens, losses = _synthetic()
-    for seed in (1, 2):
-        for run in RUNS:
-            bad = seed == 2 and run == "mla_double_heads"
-            _write_run(out, f"{run}/seed{seed}", tokens, losses[run], config={setting: value} if bad else None)
+    _write_run(out, f"{variant}_double_heads/seed2", tokens, losses[f"{variant}_double_heads"], config={setting: value})
     rc, _, csv = _run_main(tmp_path, out)
     assert rc == 0
     notes = [line for line in capsys.readouterr().err.splitlines() if "left out" in line]
-    assert len(notes) == 1 and "MLA seed 2" in notes[0] and setting in notes[0]
-    assert "mla/seed2" in notes[0] and "mla_double_heads/seed2" in notes[0]
-    assert {r["variant"]: r["n_seeds"] for r in csv_rows(csv)} == {"GQA": "2", "MLA": "1", "GLA-2": "2"}
+    assert len(notes) == 1 and f"{LABELS[1]} seed 2" in notes[0] and setting in notes[0]
+    assert f"{variant}/seed2" in notes[0] and f"{variant}_double_heads/seed2" in notes[0]
+    assert _n_seeds(csv) == {label: "1" if label == LABELS[1] else "2" for label in LABELS}
 
 
 def test_pairs_from_another_schedule_are_left_out_and_no_pair_is_refused(tmp_path, capsys):
-    """An interrupted --overwrite leaves seed 2 of GQA at another learning rate in both runs: a pair, but not of this
-    figure's schedule, so it is left out, in one line. When no pair is left, the plot is refused (exit 2)."""
+    """An interrupted --overwrite leaves seed 2 of the first variant at another learning rate in both runs: a pair,
+    but not of this figure's schedule, so it is left out, in one line. When no pair is left, the plot is refused."""
     out = tmp_path / "out"
-    tokens, losses = _synthetic()
-    for seed in (1, 2):
-        for run in RUNS:
-            other = seed == 2 and run.startswith("gqa")
-            _write_run(out, f"{run}/seed{seed}", tokens, losses[run],
-                       config={"train.learning_rate": 4e-3} if other else None)
+    _write_seeds(out, seeds=(1, 2))
+    _write_seeds(out, seeds=(2,), runs=RUNS[:2], config={"train.learning_rate": 4e-3})
     rc, png, csv = _run_main(tmp_path, out)
     assert rc == 0
     notes = [line for line in capsys.readouterr().err.splitlines() if "left out" in line]
-    assert len(notes) == 1 and "GQA seed 2" in notes[0] and "train.learning_rate 0.004" in notes[0]
-    assert {r["variant"]: r["n_seeds"] for r in csv_rows(csv)} == {"GQA": "1", "MLA": "2", "GLA-2": "2"}
+    assert len(notes) == 1 and f"{LABELS[0]} seed 2" in notes[0] and "train.learning_rate: 0.004 vs 0.002" in notes[0]
+    assert _n_seeds(csv) == {label: "1" if label == LABELS[0] else "2" for label in LABELS}
     png.unlink()
     csv.unlink()
-    for seed in (1, 2):
-        for name in ("gqa", "mla", "gla2"):
-            _write_run(out, f"{name}/seed{seed}", tokens, losses[name], config={"train.max_iters": 800})
+    _write_seeds(out, seeds=(1, 2), runs=plot.VARIANTS, config={"train.max_iters": 800})
     rc, png, csv = _run_main(tmp_path, out)
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and err[-1].startswith("plot.py: error: no seed") and not png.exists() and not csv.exists()
-    assert sum("left out" in line for line in err) == 6
+    assert sum("left out" in line for line in err) == 2 * len(plot.VARIANTS)
 
 
 def test_a_seed_still_training_is_left_out_and_the_finished_ones_kept(tmp_path, capsys):
-    """MLA's seed 3 is still training: its double-heads run has no evaluation yet, and GLA-2's seed 3 has 4 of 9.
-    Each variant keeps its finished seeds, says so in one line, and is plotted on their full grid."""
+    """Seed 3 is still training: the first variant's double-heads run has no evaluation yet, and the last variant's
+    baseline 4 of 9, its last line cut by a kill mid-write. Each variant keeps its finished seeds, says so in one
+    line, and is plotted on their full grid."""
     out = tmp_path / "out"
-    tokens, losses = _synthetic()
-    for seed in (1, 2, 3):
-        for run in RUNS:
-            n = {"mla_double_heads": 0, "gla2": 4}.get(run, len(tokens)) if seed == 3 else len(tokens)
-            _write_run(out, f"{run}/seed{seed}", tokens[:n], losses[run][:n])
+    tokens, losses = _write_seeds(out, seeds=(1, 2, 3))
+    first, last = plot.VARIANTS[0] + plot.DOUBLE_SUFFIX, plot.VARIANTS[-1]
+    _write_run(out, f"{first}/seed3", [], [])
+    _write_run(out, f"{last}/seed3", tokens[:4], losses[last][:4], extra_lines=['{"iter": 4, "tokens": 20000'])
     rc, _, csv = _run_main(tmp_path, out)
     assert rc == 0
     err = capsys.readouterr().err
-    assert "share no evaluated token count" not in err
-    assert "GLA-2: 1 seed(s) still short of 4,000,000 tokens (seed 3 at 1,500,000); plotting the 2" in err
-    assert "MLA: 1 seed(s) still short of 4,000,000 tokens (seed 3 at 0); plotting the 2" in err
-    assert "seed 3" not in err.replace("(seed 3 at", "")  # one line per variant, no other note on seed 3
-    rows = list(csv_rows(csv))
-    assert {r["variant"]: r["n_seeds"] for r in rows} == {"GQA": "3", "MLA": "2", "GLA-2": "2"}
-    assert [int(r["tokens"]) for r in rows if r["variant"] == "GLA-2"] == list(tokens)
+    assert f"{LABELS[-1]}: 1 seed(s) still short of 4,000,000 tokens (seed 3 at 1,500,000); plotting the 2" in err
+    assert f"{LABELS[0]}: 1 seed(s) still short of 4,000,000 tokens (seed 3 at 0); plotting the 2" in err
+    assert len(err.strip().splitlines()) == 2  # one line per variant, no other note
+    assert _n_seeds(csv) == {label: "2" if label in (LABELS[0], LABELS[-1]) else "3" for label in LABELS}
+    assert [int(r["tokens"]) for r in csv_rows(csv) if r["variant"] == LABELS[-1]] == list(tokens)
 
 
 @pytest.mark.parametrize("under", ["fig.png", "sub/fig.png"])
 def test_output_under_a_regular_file_is_one_line(tmp_path, capsys, under):
     """--output a_file/fig.png said "File exists", a_file/sub/fig.png "Not a directory": both name the file."""
     out = tmp_path / "out"
-    _write_all(out)
+    _write_seeds(out)
     (tmp_path / "a_file").write_text("not a folder")
     rc = plot.main(["--out_dir", str(out), "--output", str(tmp_path / "a_file" / under)])
     err = capsys.readouterr().err.strip().splitlines()
@@ -1867,83 +1795,108 @@ def _t_cdf(t, df):
     return 0.5 + h / 3 * (density[0] + density[-1] + 4 * density[1:-1:2].sum() + 2 * density[2:-1:2].sum())
 
 
-@pytest.mark.parametrize("df", [1, 2, 3, 4, 5, 7, 10, 15, 20, 29, 30, 31, 40, 100])
+@pytest.mark.parametrize("df", [*range(1, len(plot.T975) + 1), 31, 40, 100])
 def test_t975_is_the_two_sided_95_percent_quantile(df):
     assert _t_cdf(plot.t975(df), df) == pytest.approx(0.975, abs=2e-5)
 
 
 def test_from_csv_redraws_a_figure_from_its_own_csv(tmp_path, capsys):
-    """--from_csv rebuilds the curves from each seed's dL in a CSV that plot.py wrote: the same CSV comes back, and
-    the earlier layout (dL_low / dL_high, no unit: byte-level runs) reads too."""
+    """--from_csv rebuilds the curves from each seed's dL in a CSV that plot.py wrote: the same CSV comes back."""
     out = tmp_path / "out"
-    tokens, losses = _synthetic()
-    for seed, shift in ((1, 0.0), (2, 0.003), (3, -0.001)):
-        for run in RUNS:
-            _write_run(out, f"{run}/seed{seed}", tokens, losses[run] - (shift if "double" in run else 0))
+    _write_seeds(out, seeds=(1, 2, 3), shifts=(0.0, 0.003, -0.001))
     rc, png, csv = _run_main(tmp_path, out)
     assert rc == 0
     again = tmp_path / "again.png"
     assert plot.main(["--from_csv", str(csv), "--output", str(again)]) == 0
     assert again.read_bytes()[:8] == PNG_MAGIC and again.with_suffix(".csv").read_text() == csv.read_text()
-    old = csv.read_text().replace("dL_ci95_low,dL_ci95_high", "dL_low,dL_high").replace(",nats/byte,", ",,")
-    (tmp_path / "old.csv").write_text(old)
-    assert plot.main(["--from_csv", str(tmp_path / "old.csv"), "--output", str(again)]) == 0
-    assert again.with_suffix(".csv").read_text() == csv.read_text()
-    assert "GQA    3 seed(s)" in capsys.readouterr().out
+    assert f"{LABELS[0]:<6} 3 seed(s)" in capsys.readouterr().out
     (tmp_path / "bad.csv").write_text("variant,tokens\nGQA,1\n")
     assert plot.main(["--from_csv", str(tmp_path / "bad.csv"), "--output", str(again)]) == 2
-    assert "not a CSV written by plot.py" in capsys.readouterr().err
+    assert "not a CSV as plot.py writes it" in capsys.readouterr().err
     assert plot.main(["--from_csv", str(csv), "--out_dir", str(out), "--output", str(again)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "not allowed with argument" in err[0]
 
 
+def test_from_csv_cannot_write_over_its_input(tmp_path, capsys):
+    """--from_csv X.csv --output X.png would write the new CSV over X.csv, the one copy of every seed's dL: refused
+    in one line, however the two paths are spelled, and X.csv is left as it was."""
+    out = tmp_path / "out"
+    _write_seeds(out)
+    rc, png, csv = _run_main(tmp_path, out)
+    assert rc == 0
+    csv.write_text(csv.read_text().replace("nats/byte", "nats/token"))  # differs from what a redraw would write
+    before = csv.read_bytes()
+    for output in (png, png.parent / ".." / png.parent.name / png.name):
+        assert plot.main(["--from_csv", str(csv), "--output", str(output)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "would write its CSV over the input" in err[0]
+        assert csv.read_bytes() == before
+
+
+def test_the_title_names_the_setting_from_the_runs_and_from_the_csv(tmp_path, monkeypatch):
+    """The figure's title names preset, width, heads, steps, learning rate, warm-up, init and seeds, read from the
+    runs' config.json; the CSV carries the setting, so a redrawn figure has the same title."""
+    import matplotlib.figure
+
+    titles = []
+    suptitle = matplotlib.figure.Figure.suptitle
+
+    def recorded(fig, text, **kw):
+        titles.append(text)
+        return suptitle(fig, text, **kw)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "suptitle", recorded)
+    out = tmp_path / "out"
+    changes = {"train.max_iters": 3000, "train.learning_rate": 8e-3, "train.warmup_iters": 800,
+               "train.init": "independent", "model.n_embd": 128}
+    _write_seeds(out, seeds=(1340, 1341, 1342), shifts=(0.0, 0.001, 0.002), config=changes)
+    rc, png, csv = _run_main(tmp_path, out)
+    assert rc == 0
+    assert titles[0].splitlines()[1] == ("preset tiny, width 128, 8 and 16 query heads, 3,000 steps, lr 0.008 "
+                                         "(warm-up 800), independent init; seeds 1340, 1341, 1342")
+    assert plot.main(["--from_csv", str(csv), "--output", str(tmp_path / "again.png")]) == 0
+    assert titles[1] == titles[0]
+    assert {r["setting"] for r in csv_rows(csv)} == {titles[0].splitlines()[1].split(";")[0]}
+
 
 def test_from_csv_of_edited_values_is_one_line(tmp_path, capsys):
     """A CSV edited by hand (an unknown variant, nan / inf / 1e308, n_seeds not a number, tokens too large or not
-    increasing, a made-up unit) is one line and exit 2: it was a KeyError, matplotlib's or an OverflowError."""
+    increasing, a made-up unit, two settings) is one line and exit 2, and nothing is written."""
+    import csv
+
     out = tmp_path / "out"
-    tokens, losses = _synthetic()
-    for seed, shift in ((1, 0.0), (2, 0.003)):
-        for run in RUNS:
-            _write_run(out, f"{run}/seed{seed}", tokens, losses[run] - (shift if "double" in run else 0))
-    rc, png, csv = _run_main(tmp_path, out)
+    _write_seeds(out, seeds=(1, 2), shifts=(0.0, 0.003))
+    rc, _, csv_path = _run_main(tmp_path, out)
     assert rc == 0
-    text = csv.read_text()
-    header, first, *rest = text.splitlines()
-    cells = first.split(",")
-    columns = header.split(",")
-
-    def edited(column, value):
-        row = list(cells)
-        row[columns.index(column)] = value
-        return "\n".join([header, ",".join(row), *rest]) + "\n"
-
-    cases = {
-        "unknown variant 'FOO'": edited("variant", "FOO"),
-        "is not a finite number": edited("dL_seed1", "nan"),
-        "not a finite number ": edited("dL_seed2", "1e308"),
-        "a value is not a number": edited("n_seeds", "x"),
-        "tokens must be >= 0 and increase": edited("tokens", "99999999999999999999999"),
-        "its unit must be one of": edited("unit", "furlongs"),
-    }
-    for words, csv_text in cases.items():
+    rows = list(csv_rows(csv_path))
+    cases = [("variant", "FOO", "unknown variant 'FOO'"), ("dL_seed1", "nan", "not a finite number"),
+             ("dL_seed2", "1e308", "not a finite number"), ("n_seeds", "x", "invalid literal"),
+             ("tokens", "99999999999999999999999", "tokens"), ("tokens", "2000000", "tokens do not increase"),
+             ("unit", "furlongs", "its unit must be"), ("setting", "another", "one setting")]
+    for column, value, words in cases:
+        edited = [dict(r) for r in rows]
+        edited[0][column] = value
         bad = tmp_path / "bad.csv"
-        bad.write_text(csv_text)
+        with open(bad, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(edited)
         assert plot.main(["--from_csv", str(bad), "--output", str(tmp_path / "x.png")]) == 2, words
         err = capsys.readouterr().err
         assert words in err and err.count("\n") == 1 and err.startswith("plot.py: error:"), (words, err)
     assert not (tmp_path / "x.png").exists()
 
+
 def test_token_vocabularies_plot_in_nats_per_token_and_bytes_in_nats_per_byte(tmp_path):
     out = tmp_path / "out"
-    tokens, losses = _synthetic()
-    for run in RUNS:
-        _write_run(out, run, tokens, losses[run], config={"model.vocab_size": 50304})
-    curves, unit = plot.curves_from_runs(out)
+    _write_seeds(out, config={"model.vocab_size": 50304})
+    curves, unit, setting = plot.curves_from_runs(out)
     assert unit == "nats/token" and plot.paper_range(unit)[0] == (0.002, 0.01)
     low, high = plot.paper_range("nats/byte")[0]
     assert (low, high) == pytest.approx((0.002 / plot.BYTES_PER_GPT2_TOKEN, 0.01 / plot.BYTES_PER_GPT2_TOKEN))
+    _write_seeds(tmp_path / "bytes")
+    assert plot.curves_from_runs(tmp_path / "bytes")[1] == "nats/byte"
 
 
 def test_dl_vs_lr_reads_the_notebooks_tables_and_agrees_with_the_p1_figure(tmp_path, capsys):
@@ -1965,6 +1918,12 @@ def test_dl_vs_lr_reads_the_notebooks_tables_and_agrees_with_the_p1_figure(tmp_p
     png = tmp_path / "dl_vs_lr.png"
     assert dl_vs_lr.main(["--output", str(png)]) == 0 and png.read_bytes()[:8] == PNG_MAGIC
     assert "dL falls from lr 2e-3 to 8e-3 in 12 of 12 seed x variant pairs" in capsys.readouterr().out
+    # Each rate names its seeds' machines (a line joins two rates only where they are one machine), and the one
+    # outlier seed does not set the y range, which holds every mean and every other seed.
+    assert [dl_vs_lr.machines(points[rate]) for rate in dl_vs_lr.RATES] == ["EPYC", "1 EPYC + 3 Xeon", "Xeon", "Xeon"]
+    lo, hi = dl_vs_lr.y_range(points, plot.paper_range("nats/byte")[0])
+    values = sorted(r[c] for seeds in points.values() for r in seeds for c in dl_vs_lr.VARIANT_COLUMNS.values())
+    assert values[0] == -0.0564 and values[1] > lo > values[0] and lo < -0.0257 and hi > values[-1]
 
 
 def test_roofline_figure(tmp_path, capsys):

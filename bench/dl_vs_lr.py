@@ -64,8 +64,30 @@ def p1_seeds_at(rows, rate):
     return [by_seed[s] for s in sorted(by_seed)]
 
 
+def machines(seeds):
+    """Where a rate's seeds ran: "EPYC", "Xeon", or e.g. "1 EPYC + 3 Xeon"."""
+    names = [r["machine"] for r in seeds]
+    if len(set(names)) == 1:
+        return names[0]
+    return " + ".join(f"{names.count(m)} {m}" for m in MACHINE_MARKERS if m in names)
+
+
+def y_range(points, paper):
+    """The y axis' range: zero, the paper's band, every mean and every seed but outliers (beyond 3 interquartile
+    ranges of all the seeds: at lr 1.6e-2 MLA's seed 1338, -0.0564, would stretch the axis to twice the rest), padded
+    by 8%."""
+    values = np.array([r[column] for rate in RATES for r in points[rate] for column in VARIANT_COLUMNS.values()])
+    q1, q3 = np.percentile(values, [25, 75])
+    inside = values[(values >= q1 - 3 * (q3 - q1)) & (values <= q3 + 3 * (q3 - q1))]
+    means = [np.mean([r[c] for r in points[rate]]) for rate in RATES for c in VARIANT_COLUMNS.values()]
+    lo, hi = min(inside.min(), *means, 0.0), max(inside.max(), *means, paper[1])
+    return lo - 0.08 * (hi - lo), hi + 0.08 * (hi - lo)
+
+
 def draw(points, path):
-    """The figure: per variant, the mean final dL at each rate with its 95% t interval, and each seed's marker."""
+    """The figure: per variant, the mean final dL at each rate with its 95% t interval, and each seed's marker. A line
+    joins two neighbouring rates only where both ran on one machine (the machine alone moves a seed's dL by up to
+    0.015). An outlier seed beyond y_range is a triangle on the axis' edge with its value."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -73,42 +95,52 @@ def draw(points, path):
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
-    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    fig, ax = plt.subplots(figsize=(9.2, 4.8))
     paper, paper_text = plot.paper_range("nats/byte")
-    ax.axhspan(paper[0], paper[1], color="orange", alpha=0.25, lw=0, zorder=0)
-    ax.axhline(0.0, color="black", lw=0.9, zorder=1)
+    ax.axhspan(paper[0], paper[1], color="orange", alpha=0.35, lw=0, zorder=0)
+    ax.axhline(0.0, color="black", lw=0.9, ls="--", zorder=1)
+    lo, hi = y_range(points, paper)
+    where = [machines(points[rate]) for rate in RATES]
     for k, label in enumerate(VARIANT_COLUMNS):
         colour = plot.LABEL_STYLE[label][0]
         shift = 2 ** (0.09 * (k - 1))  # side by side on the log axis
-        xs = []
         means = []
         for rate in RATES:
             seeds = points[rate]
-            values = np.array([r[VARIANT_COLUMNS[label]] for r in seeds])
-            mean, low, high = plot.ci95(values)
-            x = rate * shift
-            ax.errorbar([x], [mean], yerr=[[mean - low], [high - mean]], color=colour, capsize=4, lw=1.4,
+            mean, low, high = plot.ci95([r[VARIANT_COLUMNS[label]] for r in seeds])
+            ax.errorbar([rate * shift], [mean], yerr=[[mean - low], [high - mean]], color=colour, capsize=4, lw=1.4,
                         marker="s", ms=6, zorder=4)
             for r in seeds:
-                ax.plot([x * 1.04], [r[VARIANT_COLUMNS[label]]], marker=MACHINE_MARKERS[r["machine"]], ms=4,
-                        color=colour, alpha=0.6, ls="none", zorder=3)
-            xs.append(x)
+                value = r[VARIANT_COLUMNS[label]]
+                x, y = rate * shift * 1.04, np.clip(value, lo, hi)
+                if lo <= value <= hi:
+                    ax.plot([x], [y], marker=MACHINE_MARKERS[r["machine"]], ms=4, color=colour, alpha=0.6, zorder=3)
+                else:  # an outlier: a triangle on the edge, pointing to it, and its value
+                    ax.plot([x], [y], marker="v" if value < lo else "^", ms=7, color=colour, zorder=5, clip_on=False)
+                    ax.annotate(f"{label} seed {r['seeds']} ({r['machine']}): {value:+.4f}", (x, y), xytext=(-6, 4),
+                                textcoords="offset points", ha="right", fontsize=7, color=colour)
             means.append(mean)
-        ax.plot(xs, means, color=colour, lw=1.0, alpha=0.7, zorder=2)
+        for i in range(len(RATES) - 1):
+            if where[i] == where[i + 1] and where[i] in MACHINE_MARKERS:
+                ax.plot([RATES[i] * shift, RATES[i + 1] * shift], means[i:i + 2], color=colour, lw=1.0, alpha=0.7,
+                        zorder=2)
+    ax.set_ylim(lo, hi)
     ax.set_xscale("log", base=2)
     ax.set_xticks(RATES)
-    ax.set_xticklabels([f"{rate:g}\n({len(points[rate])} seeds)" for rate in RATES])
-    ax.set_xlabel("peak learning rate (800 warm-up steps, cosine to 0.1x over 3000 steps)")
+    ax.set_xticklabels([f"{rate:g}\n{len(points[rate])} seeds\n{w}" for rate, w in zip(RATES, where)])
+    ax.minorticks_off()
+    ax.set_xlabel("peak learning rate (800 warm-up steps, cosine to 0.1x over 3,000 steps), seeds, their machine")
     ax.set_ylabel("final dL = L(baseline) − L(double heads), nats/byte")
     ax.set_title("P1 (0.43M parameters, 6.1M tokens): final dL against the learning rate", fontsize=10)
     ax.grid(True, alpha=0.3)
     handles = [Line2D([], [], color=plot.LABEL_STYLE[label][0], marker="s", lw=1.4, label=label)
                for label in VARIANT_COLUMNS]
     handles.append(Line2D([], [], color="gray", marker="s", lw=1.4, label="mean over seeds, 95% t interval"))
+    handles.append(Line2D([], [], color="gray", lw=1.0, alpha=0.7, label="line: rates run on one machine"))
     handles += [Line2D([], [], color="gray", marker=m, ls="none", alpha=0.6, label=f"one seed ({machine})")
                 for machine, m in MACHINE_MARKERS.items()]
     handles.append(Patch(color="orange", alpha=0.35, label="paper, converted: +0.00046 to +0.0023"))
-    ax.legend(handles=handles, fontsize=7, loc="lower left")
+    ax.legend(handles=handles, fontsize=7.5, loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)
     fig.tight_layout()
     fig.savefig(path, dpi=150, format="png")
     plt.close(fig)

@@ -1,4 +1,4 @@
-"""The one GPU check: the bf16 decode kernel against its PyTorch reference in every plan the benchmark runs, then
+"""The one GPU check: the bf16 decode kernel against its PyTorch reference in every launch the benchmark runs, then
 the suite's CUDA tests (the compiled kernel in each dtype, the model's decode path into it, the GPU build
 figures against this GPU's own build). Exits 1 on any failure, 2 without a CUDA GPU.
 
@@ -16,7 +16,7 @@ import torch  # noqa: E402
 import kernels  # noqa: E402
 from bench.common import BENCH_BATCHES, BENCH_LQ, BENCH_SEQLENS, BENCH_SHAPES, bench_inputs  # noqa: E402
 
-# Every plan the bench runs, and Lq = kernels.MAX_LQ at 4096 tokens.
+# Every launch the bench runs, and Lq = kernels.MAX_LQ at 4096 tokens.
 CHECK_CONFIGS = ([(name, B, Lq, S) for name in BENCH_SHAPES for B in BENCH_BATCHES for S in BENCH_SEQLENS
                   for Lq in BENCH_LQ]
                  + [(name, B, kernels.MAX_LQ, 4096) for name in BENCH_SHAPES for B in BENCH_BATCHES])
@@ -28,7 +28,7 @@ CHECK_TOL = 1.5e-2
 
 
 def check_one(name, B, Lq, S, dtype=torch.bfloat16, device="cuda"):
-    """Failure lines of the kernel against the reference in one bench plan: ragged lengths up to S (the first S, the
+    """Failure lines of the kernel against the reference in one bench launch: ragged lengths up to S (the first S, the
     second a few tokens, in which one wrong token shows), NaN past them."""
     q, k_cache, v_cache, seqlens, qv = bench_inputs(name, B, S, Lq, dtype, device)
     seqlens = torch.randint(Lq, S + 1, (B,), dtype=torch.int32, device=device)
@@ -51,19 +51,19 @@ def check_one(name, B, Lq, S, dtype=torch.bfloat16, device="cuda"):
 
 
 def check():
-    """The one GPU check: the bf16 kernel against the reference in every CHECK_CONFIGS plan,
+    """The one GPU check: the bf16 kernel against the reference in every CHECK_CONFIGS launch,
     then the suite's CUDA tests (the compiled kernel in each dtype, the model's decode path
     into it, the GPU build figures against this GPU's own build). Exits 1 on any failure."""
     failures = []
     for name, B, Lq, S in CHECK_CONFIGS:
         try:
             failures += check_one(name, B, Lq, S)
-        except Exception as e:  # report every plan, then fail
+        except Exception as e:  # report every launch, then fail
             failures.append(f"ERROR {name} B={B} Lq={Lq} S={S}: {type(e).__name__}: {e}")
         torch.cuda.empty_cache()
     if failures:
         sys.exit(f"\nKERNEL CHECK FAILED ({len(failures)}):\n" + "\n".join(failures))
-    print(f"kernel check passed: {len(CHECK_CONFIGS)} plans within {CHECK_TOL} of the reference", flush=True)
+    print(f"kernel check passed: {len(CHECK_CONFIGS)} launches within {CHECK_TOL} of the reference", flush=True)
     tests = str(pathlib.Path(__file__).resolve().parents[1] / "test_gla.py")
     if subprocess.run([sys.executable, "-m", "pytest", "-q", "-k", "cuda", tests]).returncode:
         sys.exit("\nCUDA TESTS FAILED (see above)")
@@ -71,7 +71,7 @@ def check():
 
 def main(argv=None):
     argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args(argv)
-    interpreted = kernels.triton is not None and type(kernels._decode_split_kernel).__name__ == "InterpretedFunction"
+    interpreted = kernels.triton is not None and kernels.triton.knobs.runtime.interpret
     if kernels.triton is None or not torch.cuda.is_available() or interpreted:
         print("bench/gpu_check.py needs a CUDA GPU, Triton, and TRITON_INTERPRET unset", file=sys.stderr)
         sys.exit(2)

@@ -17,17 +17,34 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 import gla  # noqa: E402
-import kernels  # noqa: E402
 import plot  # noqa: E402
 from harness.files import atomic_write  # noqa: E402
 
 # The decode roofline. A design's arithmetic intensity (Zadouri, Strauss, Dao 2025, arXiv 2505.21487, Sec. 3) is the
-# kernel's FLOPs over the bytes it reads, kernels.call_flops / call_bytes, the formulas of bench/gpu_build.py's table; a
-# GPU's ridge point is its tensor-core peak over its memory bandwidth: above it a step is compute-bound.
+# kernel's FLOPs over the bytes it reads, call_flops / call_bytes, the formulas of bench/gpu_build.py's and
+# bench/kernel_speed.py's floors; a GPU's ridge point is its tensor-core peak over its memory bandwidth: above it a step
+# is compute-bound.
 ROOFLINE_LQ = (1, 2, 4, 8, 16)
 ROOFLINE_SEQLEN = 32768  # cached tokens: q, qv and the output add a few percent to the bytes at 8K, less beyond
 ROOFLINE_TP = (1, 2)
-H100_HBM_BYTES_PER_S = 3.35e12  # H100 SXM, NVIDIA's datasheet; the H200's 4.8 TB/s and both peaks are in kernels.py
+H100_HBM_BYTES_PER_S = 3.35e12  # H100 SXM, NVIDIA's datasheet
+H200_HBM_BYTES_PER_S = 4.8e12  # H200 SXM, NVIDIA's datasheet
+# An H100 or H200 SXM does 989 TFLOP/s of dense bf16 (NVIDIA's datasheets: 1979 with 2:4 sparsity) through wgmma
+# (HGMMA in SASS, which Triton issues for tiles of 64 rows or more), and mma.sync (HMMA) reaches about 2/3 of that
+# peak (Shah et al., FlashAttention-3, arXiv 2407.08608, Sec. 2.2).
+H200_TENSOR_FLOPS_PER_S = {"HGMMA": 989e12, "HMMA": 989e12 * 2 / 3}
+
+
+def call_bytes(B, Lq, Hq, Hk, Hkv, Dk, Dv, has_qv, seqlen, elem_bytes):
+    """Bytes one decode call must move: the cached K and V (B sequences of seqlen tokens, read once), q, qv and the
+    output."""
+    return (B * seqlen * (Hk * Dk + Hkv * Dv) + B * Lq * Hq * (Dk + has_qv * Dv + Dv)) * elem_bytes
+
+
+def call_flops(B, Lq, Hq, Dk, Dv, has_qv, seqlen):
+    """FLOPs of one call's two products as the kernel does them, 2 a multiply-add: per row (query head x new token)
+    and cached token (B sequences of seqlen), the scores over Dk (+ Dv with qv) and P.V over Dv."""
+    return 2 * B * Lq * Hq * seqlen * (Dk + has_qv * Dv + Dv)
 
 
 def roofline_rows():
@@ -43,18 +60,18 @@ def roofline_rows():
             (Hk, Dk), (Hkv, Dv) = config.kv_cache_shapes
             has_qv = config.attn != "gqa"  # the latent designs' absorbed query
             for Lq in ROOFLINE_LQ:
-                flops = kernels.call_flops(1, Lq, config.n_head, Dk, Dv, has_qv, ROOFLINE_SEQLEN)
-                cache, io, _ = kernels.call_bytes(1, Lq, config.n_head, Hk, Hkv, Dk, Dv, has_qv, ROOFLINE_SEQLEN, 2, 1)
+                flops = call_flops(1, Lq, config.n_head, Dk, Dv, has_qv, ROOFLINE_SEQLEN)
+                nbytes = call_bytes(1, Lq, config.n_head, Hk, Hkv, Dk, Dv, has_qv, ROOFLINE_SEQLEN, 2)
                 rows.append(dict(label=label, variant=variant, tp=tp, n_head=config.n_head, groups=config.n_groups,
-                                 Lq=Lq, flops=flops, bytes=cache + io, flop_per_byte=flops / (cache + io)))
+                                 Lq=Lq, flops=flops, bytes=nbytes, flop_per_byte=flops / nbytes))
     return rows
 
 
 def ridges():
     """{label: FLOP per byte at which a step turns compute-bound} on an H100 and an H200 (SXM), at the dense bf16
-    peak of wgmma and at mma.sync's (our kernel's tiles under 64 rows), from kernels.TENSOR_FLOPS_PER_S."""
-    return {f"{gpu} ridge, {mma} ({name}) peak": kernels.TENSOR_FLOPS_PER_S[mma] / bandwidth
-            for gpu, bandwidth in (("H100", H100_HBM_BYTES_PER_S), ("H200", kernels.HBM_BYTES_PER_S))
+    peak of wgmma and at mma.sync's (our kernel's tiles under 64 rows), from H200_TENSOR_FLOPS_PER_S."""
+    return {f"{gpu} ridge, {mma} ({name}) peak": H200_TENSOR_FLOPS_PER_S[mma] / bandwidth
+            for gpu, bandwidth in (("H100", H100_HBM_BYTES_PER_S), ("H200", H200_HBM_BYTES_PER_S))
             for mma, name in (("HGMMA", "wgmma"), ("HMMA", "mma.sync"))}
 
 

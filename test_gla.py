@@ -1626,9 +1626,10 @@ def test_decode_speed_command_prints_rows_and_draws(tmp_path, capsys):
     from bench import decode_speed
     png = tmp_path / "speed.png"
     decode_speed.main(["--variants", "gla2", "--heads", "double", "--batch", "2", "--lq", "2", "--min_tokens", "8",
-                       "--max_tokens", "16", "--repeats", "1", "--threads", "1", "--tp", "2", "--output", str(png)])
+                       "--max_tokens", "16", "--repeats", "1", "--threads", "1", "--tp", "2", "--clock", "cpu",
+                       "--output", str(png)])
     out = capsys.readouterr().out
-    assert "TP-2: rank 0's shard" in out and f"torch {torch.__version__}" in out
+    assert "TP-2: rank 0's shard" in out and f"torch {torch.__version__}" in out and "CPU time" in out
     number = r"-?\d+\.\d"
     for S in (8, 16):  # GLA-2 double heads under TP-2: 24 heads and 320 cached elements a rank
         mb = 2 * (S - 1) * 320 * 4 / 1e6
@@ -1638,6 +1639,9 @@ def test_decode_speed_command_prints_rows_and_draws(tmp_path, capsys):
     with pytest.raises(SystemExit):
         decode_speed.main(["--min_tokens", "64", "--max_tokens", "32"])
     assert "--max_tokens 32 must be >= --min_tokens 64" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        decode_speed.main(["--clock", "cpu", "--threads", "2"])
+    assert "--clock cpu times one thread" in capsys.readouterr().err
 
 
 # ----------------------------------------------------------------------------

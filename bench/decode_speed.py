@@ -35,7 +35,7 @@ import torch  # noqa: E402
 import gla  # noqa: E402
 import kernels  # noqa: E402
 import plot  # noqa: E402
-from bench.common import machine, matmul_gflops, time_interleaved  # noqa: E402
+from bench.common import machine, time_interleaved  # noqa: E402
 from harness.files import atomic_write  # noqa: E402
 
 HEAD_VOCAB = 256  # the one-layer model's head: the tiny preset's byte vocabulary
@@ -83,28 +83,26 @@ def floor_seconds(nbytes, flops, bandwidth, peak):
 
 # ---- The roofs -------------------------------------------------------------------------------------------------------
 class Roofs:
-    """This machine's roofs on the threads torch has now: the matmul peak (FLOP/s), and the read bandwidth (bytes/s)
-    of a sum over a buffer of a given size, the leading part of one buffer allocated for the largest."""
-    def __init__(self, device, dtype, max_bytes, repeats=5):
-        self.device, self.repeats = device, repeats
+    """This machine's roofs on the threads torch has now, timed by clock as the steps are: the matmul peak (FLOP/s;
+    float32 1024^3 on a CPU, bf16 8192^3 on a GPU), and the read bandwidth (bytes/s) of a sum over a buffer of a
+    given size, the leading part of one buffer allocated for the largest."""
+    def __init__(self, device, dtype, max_bytes, clock, repeats=5):
+        self.device, self.clock, self.repeats = device, clock, repeats
         self.buffer = torch.randn(max_bytes // 4 + 1, device=device)  # float32, pages written
         self.memo = {}
-        if device.type == "cuda":
-            n = 8192
-            a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
-            self.peak = 2 * n**3 / min(self._time(lambda: a @ b) for _ in range(repeats))
-        else:
-            self.peak = matmul_gflops() * 1e9
+        n = 8192 if device.type == "cuda" else 1024
+        a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
+        self.peak = 2 * n**3 / min(self._time(lambda: a @ b) for _ in range(repeats))
 
     def _time(self, fn):
         fn()
         if self.device.type == "cuda":
             torch.cuda.synchronize()
-        t = time.perf_counter()
+        t = self.clock()
         fn()
         if self.device.type == "cuda":
             torch.cuda.synchronize()
-        return time.perf_counter() - t
+        return self.clock() - t
 
     def bandwidth(self, nbytes):
         """Read bytes/s of a sum over nbytes (fastest of repeats; sizes to 1% share a figure)."""
@@ -123,7 +121,7 @@ class Roofs:
 
 
 # ---- The measurement -------------------------------------------------------------------------------------------------
-def time_steps(config, B, Lq, seqlens, repeats, device, dtype):
+def time_steps(config, B, Lq, seqlens, repeats, device, dtype, clock):
     """{S: median seconds of GPT.decode of Lq tokens after S cached, in each of B sequences} for S in seqlens, the
     calls interleaved (each rewrites the same Lq cache slots: the same work every call). The cache is filled with
     random values first: zeroed pages could be read for free."""
@@ -142,7 +140,7 @@ def time_steps(config, B, Lq, seqlens, repeats, device, dtype):
             if device.type == "cuda":
                 torch.cuda.synchronize()
         return call
-    times = time_interleaved({S: step(S) for S in seqlens}, repeats)
+    times = time_interleaved({S: step(S) for S in seqlens}, repeats, clock=clock)
     del model, cache
     return {S: statistics.median(t) for S, t in times.items()}
 
@@ -155,7 +153,7 @@ def measure_rows(models, batches, lqs, seqlens, repeats, tp, device, dtype, roof
         config = layer_config(variant, double_heads, tp)
         for B in batches:
             for Lq in lqs:
-                seconds = time_steps(config, B, Lq, [1, *seqlens], repeats, device, dtype)
+                seconds = time_steps(config, B, Lq, [1, *seqlens], repeats, device, dtype, roofs.clock)
                 base = step_cost(config, B, Lq, 1, elem)
                 for S in seqlens:
                     step = step_cost(config, B, Lq, S, elem)
@@ -232,6 +230,8 @@ def main(argv=None):
     p.add_argument("--threads", type=int, help="torch threads (default: torch's choice, all cores)")
     p.add_argument("--tp", type=int, default=1, help="time rank 0's shard of a tp-way tensor-parallel model")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cpu", "cuda"])
+    p.add_argument("--clock", default="wall", choices=["wall", "cpu"],
+                   help="cpu: this process's CPU seconds, for a machine shared with other work (needs --threads 1)")
     p.add_argument("--output", default="decode_speed.png", help="PNG to write (default: %(default)s)")
     args = p.parse_args(argv)
     for name in ("min_tokens", "repeats", "threads", "tp"):
@@ -243,6 +243,8 @@ def main(argv=None):
         p.error(f"--batch must be >= 1 and --lq in [1, {kernels.MAX_LQ}]")
     if os.path.splitext(args.output)[1].lower() != ".png":
         p.error(f"--output must end in .png, got {args.output!r}")
+    if args.clock == "cpu" and (args.threads != 1 or args.device != "cpu"):
+        p.error("--clock cpu times one thread on the CPU: add --threads 1 (and --device cpu)")
     if args.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda: no CUDA GPU here")
     models = [(v, h == "double") for h in args.heads for v in args.variants]
@@ -262,12 +264,13 @@ def main(argv=None):
     elem = torch.empty(0, dtype=dtype).element_size()
     largest = max(step_cost(layer_config(v, h, args.tp), max(args.batch), max(args.lq), seqlens[-1], elem)[0]
                   for v, h in models)
-    roofs = Roofs(device, dtype, largest)
+    roofs = Roofs(device, dtype, largest, time.process_time if args.clock == "cpu" else time.perf_counter)
     where = machine(args.device)
     tp = f", TP-{args.tp}: rank 0's shard" if args.tp > 1 else ""
     print(f"Decode step of one layer at paper dims on {where}{tp}, {str(dtype).removeprefix('torch.')}; matmul peak "
           f"{roofs.peak / 1e9:.0f} GFLOP/s, read bandwidth {roofs.bandwidth(largest) / 1e9:.1f} GB/s over "
-          f"{largest / 1e9:.2f} GB (each row's own below); median of {args.repeats} interleaved calls\n")
+          f"{largest / 1e9:.2f} GB (each row's own below); median of {args.repeats} interleaved calls, "
+          f"{'CPU' if args.clock == 'cpu' else 'wall'} time\n")
     print(TABLE_HEAD)
     rows = measure_rows(models, args.batch, args.lq, seqlens, args.repeats, args.tp, device, dtype, roofs)
     print("\nread bandwidth by size: " + ", ".join(f"{n / 1e6:g} MB {b / 1e9:.1f} GB/s"

@@ -11,11 +11,12 @@ Per row: milliseconds (median of --repeats interleaved calls), bytes read, FLOPs
 max(bytes / bandwidth, FLOPs / peak) and the fraction of it reached. The roofs: the read bandwidth of a sum over a
 buffer as large as what the row reads (its cache, or weights and cache), and the matmul peak (float32 1024^3 on a
 CPU, bf16 8192^3 on a GPU) at the threads used. --tp 2 times one rank's shard (gla.tp_share: its heads, its share of
-the cache), as a rank of a tensor-parallel decode runs it, without the all-reduce. Writes the figure (the cache's
-part against S, one line per model, its floor dashed) to --output.
+the cache), as a rank of a tensor-parallel decode runs it, without the all-reduce. --clock cpu times this process's
+CPU seconds instead of wall time (one thread): on a machine shared with other work, the time on a core. Writes the
+figure (the cache's part against S, one line per model, its floor dashed) to --output.
 
-    python bench/decode_speed.py [--threads 1] [--batch 1 8] [--lq 1 2] [--max_tokens 32768] [--repeats 5] [--tp 2]
-        [--variants gqa mla gla2] [--output assets/decode_speed.png]
+    python bench/decode_speed.py [--threads 1] [--clock cpu] [--batch 1 8] [--lq 1 2] [--max_tokens 32768]
+        [--repeats 5] [--tp 2] [--variants gqa mla gla2] [--output assets/decode_speed.png]
 """
 import argparse
 import os

@@ -1624,10 +1624,13 @@ def test_decode_speed_floor_is_the_higher_roof():
 
 def test_decode_speed_command_prints_rows_and_draws(tmp_path, capsys):
     from bench import decode_speed
-    png = tmp_path / "speed.png"
-    decode_speed.main(["--variants", "gla2", "--heads", "double", "--batch", "2", "--lq", "2", "--min_tokens", "8",
-                       "--max_tokens", "16", "--repeats", "1", "--threads", "1", "--tp", "2", "--clock", "cpu",
-                       "--output", str(png)])
+    png, threads = tmp_path / "speed.png", torch.get_num_threads()
+    try:
+        decode_speed.main(["--variants", "gla2", "--heads", "double", "--batch", "2", "--lq", "2", "--min_tokens",
+                           "8", "--max_tokens", "16", "--repeats", "1", "--threads", "1", "--tp", "2", "--clock", "cpu",
+                           "--output", str(png)])
+    finally:
+        torch.set_num_threads(threads)  # --threads 1 set this process's: later tests see torch's own
     out = capsys.readouterr().out
     assert "TP-2: rank 0's shard" in out and f"torch {torch.__version__}" in out and "CPU time" in out
     number = r"-?\d+\.\d"

@@ -134,8 +134,8 @@ def decode_attention_ref(q, k_cache, v_cache, cache_seqlens, qv=None, softmax_sc
     else:  # scores = q . k_rope + qv . c: the latent is also the non-rope key
         query, key = rows(qv), v
         # One product per key head for all its query heads: the shared rope key (Hk = 1) is read once, not copied
-        # per group (at batch 8, 16K that copy made GLA-2 1.7x slower). Rows (B, Hk, Hq / Hk * Lq, S) are (B, Hkv, G * Lq,
-        # S) grouped by value head.
+        # per group (at batch 8, 16K that copy made GLA-2 1.7x slower). Rows (B, Hk, Hq / Hk * Lq, S) are (B, Hkv,
+        # G * Lq, S) grouped by value head.
         q_rows = (q.float() * scale).transpose(1, 2).reshape(B, Hk, -1, Dk)
         mask = torch.matmul(q_rows, k.transpose(2, 3)).view(B, Hkv, G * Lq, S).add_(mask)
     out = F.scaled_dot_product_attention(query, key, v, attn_mask=mask, scale=scale)  # (B, Hkv, G * Lq, Dv)

@@ -85,7 +85,7 @@ def decode_attention_ref(q, k_cache, v_cache, cache_seqlens, qv=None, softmax_sc
     """
     S = _check_inputs(q, k_cache, v_cache, cache_seqlens, qv, max_seqlen)
     (B, Lq, Hq, Dk), dtype = q.shape, q.dtype
-    Hkv, Dv = v_cache.shape[2], v_cache.shape[3]
+    Hk, Hkv, Dv = k_cache.shape[2], v_cache.shape[2], v_cache.shape[3]
     G = Hq // Hkv
     scale = _default_scale(Dk, Dv, qv) if softmax_scale is None else softmax_scale
 
@@ -101,7 +101,11 @@ def decode_attention_ref(q, k_cache, v_cache, cache_seqlens, qv=None, softmax_sc
         query, key = rows(q), k.expand(B, Hkv, S, Dk)  # a view: one shared key head serves every group
     else:  # scores = q . k_rope + qv . c: the latent is also the non-rope key
         query, key = rows(qv), v
-        mask = torch.add(mask, rows(q) @ k.transpose(2, 3), alpha=scale)  # (B, Hkv, G * Lq, S)
+        # One product per key head for all its query heads: the shared rope key (Hk = 1) is read once, not copied
+        # per group (at batch 8, 16K that copy made GLA-2 1.7x slower). Rows (B, Hk, Hq / Hk * Lq, S) are (B, Hkv,
+        # G * Lq, S) grouped by value head.
+        q_rows = (q.float() * scale).transpose(1, 2).reshape(B, Hk, -1, Dk)
+        mask = torch.matmul(q_rows, k.transpose(2, 3)).view(B, Hkv, G * Lq, S).add_(mask)
     out = F.scaled_dot_product_attention(query, key, v, attn_mask=mask, scale=scale)  # (B, Hkv, G * Lq, Dv)
     return out.view(B, Hq, Lq, Dv).transpose(1, 2).to(dtype)  # (B, Lq, Hq, Dv)
 

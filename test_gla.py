@@ -1335,6 +1335,69 @@ def test_import_without_triton(monkeypatch):
         mod.decode_attention(**a)
 
 
+# bench/decode_speed.py: the arithmetic of a decode step against the cache shapes and hand counts
+@pytest.mark.parametrize("tp", [1, 2])
+@pytest.mark.parametrize("double_heads", [False, True])
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_decode_speed_counts_the_bytes_and_flops_of_a_step(variant, double_heads, tp):
+    from bench import decode_speed
+    config = decode_speed.layer_config(variant, double_heads, tp)
+    # Elements cached per token: GQA 6 KV heads of K and V, 128 each; MLA the latent 512 and the rope key 64, whole on
+    # each rank; GLA-2 two latent heads of 256 and the rope key, one latent head a rank under TP-2 (Zadouri et al.).
+    elems = {1: {"gqa": 1536, "mla": 576, "gla2": 576}, 2: {"gqa": 768, "mla": 576, "gla2": 320}}[tp][variant]
+    assert elems == sum(heads * dim for heads, dim in config.kv_cache_shapes)
+    Hq = 24 * (2 if double_heads else 1) // tp
+    dims = {"gqa": 128 + 128, "mla": 64 + 512 + 512, "gla2": 64 + 256 + 256}[variant]  # scores' Dk (+ Dv), P.V's Dv
+    B, Lq, S = 3, 2, 1000
+    assert decode_speed.cache_cost(config, B, Lq, S, 4) == (B * S * elems * 4, 2 * B * Lq * Hq * S * dims)
+    # Weights: attention, MLP (3 matrices), the 256-token head (tied: the embedding once); RMSNorm gains 3 x 3072 (the
+    # block's two and the final one) plus the latent designs' q and kv norms.
+    n, f = 3072, config.ffn_hidden
+    if variant == "gqa":
+        attention = n * 128 * Hq * 2 + n * 128 * (6 // tp) * 2  # wq, wo; wk, wv
+    else:
+        r, g = config.kv_lora_rank // config.n_latent_heads, config.n_latent_heads
+        attention = (n * config.q_lora_rank + config.q_lora_rank * Hq * (128 + 64)  # wq_a, wq_b
+                     + n * (g * r + 64) + Hq * (128 + 128) * r + Hq * 128 * n)  # wkv_a, wkv_b, wo
+    matrices = attention + 3 * n * f + 256 * n
+    gains = 3 * n + (0 if variant == "gqa" else config.q_lora_rank + config.kv_lora_rank)
+    assert decode_speed.weights_cost(config, B, Lq, 4) == (4 * (matrices + gains), 2 * B * Lq * matrices)
+    step, base = decode_speed.step_cost(config, B, Lq, S, 4), decode_speed.step_cost(config, B, Lq, 1, 4)
+    assert step[0] - base[0] == B * (S - 1) * elems * 4  # the cache's part: S - 1 more tokens read
+    assert step[1] - base[1] == 2 * B * Lq * Hq * (S - 1) * dims
+
+
+def test_decode_speed_floor_is_the_higher_roof():
+    from bench import decode_speed
+    assert decode_speed.floor_seconds(300, 100, bandwidth=10, peak=50) == (30, "memory")
+    assert decode_speed.floor_seconds(300, 2000, bandwidth=10, peak=50) == (40, "compute")
+
+
+def test_decode_speed_command_prints_rows_and_draws(tmp_path, capsys):
+    from bench import decode_speed
+    png, threads = tmp_path / "speed.png", torch.get_num_threads()
+    try:
+        decode_speed.main(["--variants", "gla2", "--heads", "double", "--batch", "2", "--lq", "2", "--min_tokens",
+                           "8", "--max_tokens", "16", "--repeats", "1", "--threads", "1", "--tp", "2", "--clock", "cpu",
+                           "--output", str(png)])
+    finally:
+        torch.set_num_threads(threads)  # --threads 1 set this process's: later tests see torch's own
+    out = capsys.readouterr().out
+    assert "TP-2: rank 0's shard" in out and f"torch {torch.__version__}" in out and "CPU time" in out
+    number = r"-?\d+\.\d"
+    for S in (8, 16):  # GLA-2 double heads under TP-2: 24 heads and 320 cached elements a rank
+        mb = 2 * (S - 1) * 320 * 4 / 1e6
+        assert re.search(rf"^\| GLA-2 x2 heads \| 24 \| 2 \| 2 \| {S} \| {number} \| {number} (memory|compute) \| "
+                         rf"-?\d+% \| {number} \| {mb:.0f} \| ", out, re.M), out
+    assert png.read_bytes()[:8] == PNG_MAGIC
+    with pytest.raises(SystemExit):
+        decode_speed.main(["--min_tokens", "64", "--max_tokens", "32"])
+    assert "--max_tokens 32 must be >= --min_tokens 64" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        decode_speed.main(["--clock", "cpu", "--threads", "2"])
+    assert "--clock cpu times one thread" in capsys.readouterr().err
+
+
 # ----------------------------------------------------------------------------
 # plot.py: the double-heads figure
 

@@ -129,18 +129,19 @@ def time_models(args, ctx, steps):
     return timed
 
 
-def time_interleaved(contenders, repeats, warmup=1):
+def time_interleaved(contenders, repeats, warmup=1, clock=time.perf_counter):
     """Seconds per call of each contender (name -> zero-argument function): warmup calls each, then `repeats`
-    rounds that call each once in turn, so that a busy machine slows all of them alike. name -> list of seconds."""
+    rounds that call each once in turn, so that a busy machine slows all of them alike. name -> list of seconds.
+    clock: wall time, or time.process_time (this process's CPU seconds: on a loaded machine, one thread)."""
     for _ in range(warmup):
         for fn in contenders.values():
             fn()
     times = {name: [] for name in contenders}
     for _ in range(repeats):
         for name, fn in contenders.items():
-            t0 = time.perf_counter()
+            t0 = clock()
             fn()
-            times[name].append(time.perf_counter() - t0)
+            times[name].append(clock() - t0)
     return times
 
 

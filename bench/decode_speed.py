@@ -1,0 +1,294 @@
+"""The thesis measured: one decode step of one layer of each of the ablation's six models (GQA, MLA, GLA-2; baseline
+and double heads) at the paper preset's dims, against this machine's own roofs, measured by the same command.
+
+Each model is gla.make_config("paper", variant, double_heads) cut to one layer and a 256-token head (a 50,304-token
+head would outweigh the layer). A step is GPT.decode of Lq new tokens after S cached ones in each of B sequences: the
+model's own decode path (the absorbed form, the cache; on a CPU kernels.decode_attention_ref in float32, on a GPU the
+Triton kernel in bf16). At batch 1 a layer's weights (0.5 GB in float32) outweigh its cache until tens of thousands of
+tokens, so each row gives the whole step and the cache's part of it: the step at S less the step at S = 1.
+
+Per row: milliseconds (median of --repeats interleaved calls), bytes read, FLOPs, FLOP/byte, the floor
+max(bytes / bandwidth, FLOPs / peak) and the fraction of it reached. The roofs: the read bandwidth of a sum over a
+buffer as large as what the row reads (its cache, or weights and cache), and the matmul peak (float32 1024^3 on a
+CPU, bf16 8192^3 on a GPU) at the threads used. --tp 2 times one rank's shard (gla.tp_share: its heads, its share of
+the cache), as a rank of a tensor-parallel decode runs it, without the all-reduce. --clock cpu times this process's
+CPU seconds instead of wall time (one thread): on a machine shared with other work, the time on a core. Writes the
+figure (the cache's part against S, one line per model, its floor dashed) to --output.
+
+    python bench/decode_speed.py [--threads 1] [--clock cpu] [--batch 1 8] [--lq 1 2] [--max_tokens 32768]
+        [--repeats 5] [--tp 2] [--variants gqa mla gla2] [--output assets/decode_speed.png]
+"""
+import argparse
+import os
+import pathlib
+import statistics
+import sys
+import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # the repository's modules
+
+import matplotlib  # noqa: E402
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import torch  # noqa: E402
+
+import gla  # noqa: E402
+import kernels  # noqa: E402
+import plot  # noqa: E402
+from bench.common import machine, time_interleaved  # noqa: E402
+from harness.files import atomic_write  # noqa: E402
+
+HEAD_VOCAB = 256  # the one-layer model's head: the tiny preset's byte vocabulary
+
+
+def layer_config(variant, double_heads, tp=1):
+    """The one-layer GPTConfig of a model of the ablation at paper dims; with tp > 1, rank 0's shard (gla.tp_share)."""
+    config = gla.make_config("paper", variant, double_heads, n_layer=1, vocab_size=HEAD_VOCAB)
+    return gla.tp_share(config, 0, tp).config if tp > 1 else config
+
+
+# ---- The arithmetic: bytes and FLOPs of a decode call ----------------------------------------------------------------
+def cache_cost(config, B, Lq, seqlen, elem_bytes):
+    """(bytes, FLOPs) of one decode attention call of every layer of config: B sequences of seqlen cached tokens (the
+    Lq new ones included) read once, kernels.call_bytes' cache part, and kernels.call_flops (the two products of the
+    absorbed form: per query head, new token and cached token 2 (Dk + Dv) FLOPs, GQA; 2 (Dk + 2 Dv), MLA / GLA)."""
+    (Hk, Dk), (Hkv, Dv) = config.kv_cache_shapes
+    has_qv = config.attn != "gqa"
+    nbytes = kernels.call_bytes(B, Lq, config.n_head, Hk, Hkv, Dk, Dv, has_qv, seqlen, elem_bytes, 1)[0]
+    return config.n_layer * nbytes, config.n_layer * kernels.call_flops(B, Lq, config.n_head, Dk, Dv, has_qv, seqlen)
+
+
+def weights_cost(config, B, Lq, elem_bytes):
+    """(bytes, FLOPs) of a decode call's weights: each weight read once (the tied embedding with the head), and 2
+    FLOPs per weight of a matrix (embedding excluded, head included) and new token. The absorbed form uses each
+    weight once per token, as the naive form does."""
+    with torch.device("meta"):
+        model = gla.GPT(config)
+    matrices = sum(p.numel() for p in model.parameters() if p.dim() >= 2)  # the tied embedding once: as the head
+    return model.num_params() * elem_bytes, 2 * B * Lq * matrices
+
+
+def step_cost(config, B, Lq, S, elem_bytes):
+    """(bytes, FLOPs) of GPT.decode of Lq new tokens after S cached in each of B sequences: weights and cache
+    (activations, a few MB, left out)."""
+    w, c = weights_cost(config, B, Lq, elem_bytes), cache_cost(config, B, Lq, S + Lq, elem_bytes)
+    return w[0] + c[0], w[1] + c[1]
+
+
+def floor_seconds(nbytes, flops, bandwidth, peak):
+    """The roofline floor max(bytes / bandwidth, FLOPs / peak) in seconds, and which roof sets it."""
+    memory, compute = nbytes / bandwidth, flops / peak
+    return (memory, "memory") if memory >= compute else (compute, "compute")
+
+
+# ---- The roofs -------------------------------------------------------------------------------------------------------
+class Roofs:
+    """This machine's roofs on the threads torch has now, timed by clock as the steps are: the matmul peak (FLOP/s;
+    float32 1024^3 on a CPU, bf16 8192^3 on a GPU), and the read bandwidth (bytes/s) of a sum over a buffer of a
+    given size, the leading part of one buffer allocated for the largest."""
+    def __init__(self, device, dtype, max_bytes, clock, repeats=5):
+        self.device, self.clock, self.repeats = device, clock, repeats
+        self.buffer = torch.randn(max_bytes // 4 + 1, device=device)  # float32, pages written
+        self.memo = {}
+        n = 8192 if device.type == "cuda" else 1024
+        a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
+        self.peak = 2 * n**3 / min(self._time(lambda: a @ b) for _ in range(repeats))
+
+    def _time(self, fn):
+        fn()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        t = self.clock()
+        fn()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        return self.clock() - t
+
+    def bandwidth(self, nbytes):
+        """Read bytes/s of a sum over nbytes (fastest of repeats; sizes to 1% share a figure)."""
+        key = float(f"{nbytes:.2g}")
+        if key not in self.memo:
+            part = self.buffer[:max(nbytes // 4, 1)]
+            self.memo[key] = part.numel() * 4 / min(self._time(part.sum) for _ in range(self.repeats))
+        return self.memo[key]
+
+    def rows_flops(self, rows, dim, seqlen, dtype):
+        """FLOP/s of the product a group's rows make with its cache: (rows, dim) @ (dim, seqlen), the cache's (seqlen,
+        dim) matrix read transposed, as the scores are. The peak assumes rows in the hundreds; a decode step has few."""
+        q, cache = torch.randn(rows, dim, dtype=dtype, device=self.device), self.buffer[:seqlen * dim]
+        cache = cache.view(seqlen, dim).to(dtype)
+        return 2 * rows * dim * seqlen / min(self._time(lambda: q @ cache.T) for _ in range(self.repeats))
+
+
+# ---- The measurement -------------------------------------------------------------------------------------------------
+def time_steps(config, B, Lq, seqlens, repeats, device, dtype, clock):
+    """{S: median seconds of GPT.decode of Lq tokens after S cached, in each of B sequences} for S in seqlens, the
+    calls interleaved (each rewrites the same Lq cache slots: the same work every call). The cache is filled with
+    random values first: zeroed pages could be read for free."""
+    model = gla.GPT(config).to(device=device, dtype=dtype).eval()
+    model.setup_cache(B, max(seqlens) + Lq)
+    cache = model.blocks[0].attn.cache
+    cache.k_cache.normal_()
+    cache.v_cache.normal_()
+    idx = torch.randint(config.vocab_size, (B, Lq), device=device)
+
+    def step(S):
+        lengths = torch.full((B,), S, dtype=torch.int32, device=device)
+
+        def call():
+            model.decode(idx, lengths, max_seqlen=S + Lq)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+        return call
+    times = time_interleaved({S: step(S) for S in seqlens}, repeats, clock=clock)
+    del model, cache
+    return {S: statistics.median(t) for S, t in times.items()}
+
+
+def measure_rows(models, batches, lqs, seqlens, repeats, tp, device, dtype, roofs):
+    """One dict per (model, B, Lq, S): the step and its cache part, each with ms, bytes, flops, floor_ms, bound."""
+    elem = torch.empty(0, dtype=dtype).element_size()
+    rows = []
+    for variant, double_heads in models:
+        config = layer_config(variant, double_heads, tp)
+        for B in batches:
+            for Lq in lqs:
+                seconds = time_steps(config, B, Lq, [1, *seqlens], repeats, device, dtype, roofs.clock)
+                base = step_cost(config, B, Lq, 1, elem)
+                for S in seqlens:
+                    step = step_cost(config, B, Lq, S, elem)
+                    part = step[0] - base[0], step[1] - base[1]
+                    row = dict(variant=variant, double_heads=double_heads, n_head=config.n_head,
+                               elems=config.kv_cache_elems_per_token_per_layer, B=B, Lq=Lq, S=S)
+                    for name, (nbytes, flops), t in (("step", step, seconds[S]),
+                                                     ("cache", part, seconds[S] - seconds[1])):
+                        floor, bound = floor_seconds(nbytes, flops, roofs.bandwidth(nbytes), roofs.peak)
+                        row.update({f"{name}_ms": t * 1e3, f"{name}_bytes": nbytes, f"{name}_flops": flops,
+                                    f"{name}_floor_ms": floor * 1e3, f"{name}_bound": bound})
+                    rows.append(row)
+                    print_row(row)
+    return rows
+
+
+def model_label(variant, double_heads):
+    return plot.STYLE[variant][0] + (" x2 heads" if double_heads else "")
+
+
+TABLE_HEAD = ("| model | heads | B | Lq | S | step ms | step floor ms | of floor | cache part ms | cache MB | "
+              "cache GFLOP | FLOP/byte | cache floor ms | of floor |\n" + "|---" * 14 + "|")
+
+
+def print_row(r):
+    print(f"| {model_label(r['variant'], r['double_heads'])} | {r['n_head']} | {r['B']} | {r['Lq']} | {r['S']} | "
+          f"{r['step_ms']:.1f} | {r['step_floor_ms']:.1f} {r['step_bound']} | "
+          f"{r['step_floor_ms'] / r['step_ms']:.0%} | "
+          f"{r['cache_ms']:.1f} | {r['cache_bytes'] / 1e6:.0f} | {r['cache_flops'] / 1e9:.2f} | "
+          f"{r['cache_flops'] / r['cache_bytes']:.1f} | {r['cache_floor_ms']:.1f} {r['cache_bound']} | "
+          f"{r['cache_floor_ms'] / r['cache_ms']:.0%} |", flush=True)
+
+
+def plot_rows(rows, title, path):
+    """The cache's part of a step (ms, log) against cached tokens (log 2), one panel per batch size at the smallest
+    Lq, one line per model and its floor dashed in the same colour; a PNG to path (a file name or a binary file)."""
+    batches, lq = sorted({r["B"] for r in rows}), min(r["Lq"] for r in rows)
+    fig, axes = plt.subplots(1, len(batches), figsize=(6.2 * len(batches), 4.8), squeeze=False)
+    for ax, B in zip(axes[0], batches):
+        for variant, double_heads in dict.fromkeys((r["variant"], r["double_heads"]) for r in rows):
+            line = [r for r in rows if (r["variant"], r["double_heads"], r["B"], r["Lq"]) ==
+                    (variant, double_heads, B, lq)]
+            S = [r["S"] for r in line]
+            colour, width = plot.STYLE[variant][1], 2.4 if double_heads else 1.4
+            marker = "s" if double_heads else "o"
+            measured = [r["cache_ms"] if r["cache_ms"] > 0 else float("nan") for r in line]  # noise at small S
+            ax.plot(S, measured, color=colour, lw=width, marker=marker, ms=4,
+                    label=f"{model_label(variant, double_heads)} ({line[0]['elems']} elements/token)")
+            ax.plot(S, [r["cache_floor_ms"] for r in line], color=colour, lw=width * 0.7, ls="--", alpha=0.8)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xticks(S, [f"{n // 1024}K" if n >= 1024 else str(n) for n in S])
+        ax.set_xlabel("cached tokens S")
+        ax.set_ylabel("ms of the step the cache costs (step at S - step at 1)")
+        ax.set_title(f"batch {B}, {lq} new token{'s' if lq > 1 else ''} a step; dashed: the roofline floor",
+                     fontsize=9)
+        ax.grid(True, which="major", alpha=0.25)
+        ax.legend(fontsize=7, loc="lower right")
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=150, format="png")
+    plt.close(fig)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--variants", nargs="+", default=list(gla.VARIANTS), choices=gla.VARIANTS)
+    p.add_argument("--heads", nargs="+", default=["baseline", "double"], choices=["baseline", "double"])
+    p.add_argument("--batch", type=int, nargs="+", default=[1, 8])
+    p.add_argument("--lq", type=int, nargs="+", default=[1, 2], help="new tokens a step (<= kernels.MAX_LQ)")
+    p.add_argument("--min_tokens", type=int, default=1024, help="smallest cached length S (then doubling)")
+    p.add_argument("--max_tokens", type=int, default=32768, help="largest cached length S")
+    p.add_argument("--repeats", type=int, default=5, help="interleaved timed calls per length (median)")
+    p.add_argument("--threads", type=int, help="torch threads (default: torch's choice, all cores)")
+    p.add_argument("--tp", type=int, default=1, help="time rank 0's shard of a tp-way tensor-parallel model")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cpu", "cuda"])
+    p.add_argument("--clock", default="wall", choices=["wall", "cpu"],
+                   help="cpu: this process's CPU seconds, for a machine shared with other work (needs --threads 1)")
+    p.add_argument("--output", default="decode_speed.png", help="PNG to write (default: %(default)s)")
+    args = p.parse_args(argv)
+    for name in ("min_tokens", "repeats", "threads", "tp"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            p.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+    if args.max_tokens < args.min_tokens:
+        p.error(f"--max_tokens {args.max_tokens} must be >= --min_tokens {args.min_tokens}")
+    if min(args.batch) < 1 or not 1 <= min(args.lq) <= max(args.lq) <= kernels.MAX_LQ:
+        p.error(f"--batch must be >= 1 and --lq in [1, {kernels.MAX_LQ}]")
+    if os.path.splitext(args.output)[1].lower() != ".png":
+        p.error(f"--output must end in .png, got {args.output!r}")
+    if args.clock == "cpu" and (args.threads != 1 or args.device != "cpu"):
+        p.error("--clock cpu times one thread on the CPU: add --threads 1 (and --device cpu)")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda: no CUDA GPU here")
+    models = [(v, h == "double") for h in args.heads for v in args.variants]
+    try:
+        for variant, double_heads in models:
+            layer_config(variant, double_heads, args.tp)
+    except gla.ConfigError as e:
+        p.error(str(e))
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    device = torch.device(args.device)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    seqlens = [args.min_tokens]
+    while seqlens[-1] * 2 <= args.max_tokens:
+        seqlens.append(seqlens[-1] * 2)
+    elem = torch.empty(0, dtype=dtype).element_size()
+    largest = max(step_cost(layer_config(v, h, args.tp), max(args.batch), max(args.lq), seqlens[-1], elem)[0]
+                  for v, h in models)
+    roofs = Roofs(device, dtype, largest, time.process_time if args.clock == "cpu" else time.perf_counter)
+    where = machine(args.device)
+    tp = f", TP-{args.tp}: rank 0's shard" if args.tp > 1 else ""
+    print(f"Decode step of one layer at paper dims on {where}{tp}, {str(dtype).removeprefix('torch.')}; matmul peak "
+          f"{roofs.peak / 1e9:.0f} GFLOP/s, read bandwidth {roofs.bandwidth(largest) / 1e9:.1f} GB/s over "
+          f"{largest / 1e9:.2f} GB (each row's own below); median of {args.repeats} interleaved calls, "
+          f"{'CPU' if args.clock == 'cpu' else 'wall'} time\n")
+    print(TABLE_HEAD)
+    rows = measure_rows(models, args.batch, args.lq, seqlens, args.repeats, args.tp, device, dtype, roofs)
+    print("\nread bandwidth by size: " + ", ".join(f"{n / 1e6:g} MB {b / 1e9:.1f} GB/s"
+                                                   for n, b in sorted(roofs.memo.items())))
+    print("\nThe matmul peak assumes many rows; a decode step's product has a group's query heads x Lq (GQA 4 per KV "
+          "head, MLA 24, GLA-2 12 per latent head; twice that with double heads or Lq 2), against 16K cached tokens:")
+    print("| rows | dim | GFLOP/s | of peak |\n|---|---|---|---|")
+    for n_rows, dim in ((4, 128), (8, 128), (12, 256), (24, 256), (24, 512), (48, 512), (96, 512)):
+        rate = roofs.rows_flops(n_rows, dim, 16384, dtype)
+        print(f"| {n_rows} | {dim} | {rate / 1e9:.0f} | {rate / roofs.peak:.0%} |")
+    title = (f"One layer's decode step at paper dims: the cache's part against its roofline floor\n{where}{tp}; "
+             f"matmul peak {roofs.peak / 1e9:.0f} GFLOP/s, read bandwidth measured at each size")
+    os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
+    atomic_write({args.output: lambda f: plot_rows(rows, title, f)})
+    print(f"wrote {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -37,6 +37,7 @@ import gla  # noqa: E402
 import kernels  # noqa: E402
 import plot  # noqa: E402
 from bench.common import machine, time_interleaved  # noqa: E402
+from bench.roofline import call_bytes, call_flops  # noqa: E402
 from harness.files import atomic_write  # noqa: E402
 
 HEAD_VOCAB = 256  # the one-layer model's head: the tiny preset's byte vocabulary
@@ -51,12 +52,12 @@ def layer_config(variant, double_heads, tp=1):
 # ---- The arithmetic: bytes and FLOPs of a decode call ----------------------------------------------------------------
 def cache_cost(config, B, Lq, seqlen, elem_bytes):
     """(bytes, FLOPs) of one decode attention call of every layer of config: B sequences of seqlen cached tokens (the
-    Lq new ones included) read once, kernels.call_bytes' cache part, and kernels.call_flops (the two products of the
-    absorbed form: per query head, new token and cached token 2 (Dk + Dv) FLOPs, GQA; 2 (Dk + 2 Dv), MLA / GLA)."""
+    Lq new ones included) read once, and bench.roofline.call_flops (the two products of the absorbed form: per query
+    head, new token and cached token 2 (Dk + Dv) FLOPs, GQA; 2 (Dk + 2 Dv), MLA / GLA)."""
     (Hk, Dk), (Hkv, Dv) = config.kv_cache_shapes
     has_qv = config.attn != "gqa"
-    nbytes = kernels.call_bytes(B, Lq, config.n_head, Hk, Hkv, Dk, Dv, has_qv, seqlen, elem_bytes, 1)[0]
-    return config.n_layer * nbytes, config.n_layer * kernels.call_flops(B, Lq, config.n_head, Dk, Dv, has_qv, seqlen)
+    nbytes = call_bytes(B, 0, config.n_head, Hk, Hkv, Dk, Dv, has_qv, seqlen, elem_bytes)  # Lq 0: the cache alone
+    return config.n_layer * nbytes, config.n_layer * call_flops(B, Lq, config.n_head, Dk, Dv, has_qv, seqlen)
 
 
 def weights_cost(config, B, Lq, elem_bytes):

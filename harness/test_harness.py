@@ -3,6 +3,11 @@ the --jobs children, the memory pre-flight and the job's estimate. test_gla.py t
 
 python -m pytest -q    # from the repository root, with test_gla.py
 """
+# First test_gla, which sets up Triton's interpreter where there is no GPU before anything imports kernels.py (train.py
+# does); then the training tests' runs and fixtures (corpus, text_file: pytest finds them by name here).
+from test_gla import FAST, NARROW, REPO, SEED, corpus, metrics, rdir, strip_timing, text_file  # noqa: F401
+from test_gla import write_tokens
+
 import dataclasses
 import errno
 import json
@@ -26,9 +31,6 @@ from bench import memory as memory_bench
 from harness import checkpoints, context, files, memory, preflight, progress, stops
 import harness.data
 from harness.data import TokenData
-# The training tests' runs and fixtures (corpus, text_file: pytest finds them by name here).
-from test_gla import FAST, NARROW, REPO, SEED, corpus, metrics, rdir, strip_timing, text_file  # noqa: F401
-from test_gla import write_tokens
 
 
 # The smallest runs: the tests of the machinery check what it does, not what the model learns.
@@ -607,7 +609,7 @@ def test_a_run_that_cannot_fit_in_memory_is_refused_before_building(tmp_path, te
     assert one_line_error(err) and f"needs {eight / 2**30:.1f} GiB" in err and "--grad_accum 4 (2 sequences" in err
     assert train.cli([*argv, "--grad_accum", "4"]) == 0
     # The tiny preset cannot run out of a CPU's memory: not checked there (it would be refused here), but on a GPU.
-    tiny = ["--data", str(text_file), "--out_dir", str(tmp_path / "tiny"), *FAST, "--max_iters", "2"]
+    tiny = ["--data", str(text_file), "--out_dir", str(tmp_path / "tiny"), *FAST, "--max_iters", "2", "--device", "cpu"]
     assert train.cli(tiny) == 0
     args = train.get_args(tiny)
     gpu = context.Context(torch.device("cuda"), torch.float32)

@@ -41,7 +41,7 @@ import plot
 import train
 from bench import common, decode_cpu, gpu_build, gpu_check, job_time, roofline, train_speed
 from bench import memory as memory_bench
-from harness import checkpoints, context, progress, sampling, stops
+from harness import checkpoints, context, memory, progress, sampling, stops
 from harness.data import TokenData, permute
 
 REPO = pathlib.Path(__file__).resolve().parent

@@ -19,7 +19,6 @@ may skip. Each run writes <out_dir>/<run>/seed<seed>/: config.json, metrics.json
 """
 
 import argparse
-import dataclasses
 import functools
 import math
 import os
@@ -34,7 +33,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
 import gla
-from harness import checkpoints, jobs, memory, preflight, progress, sampling
+from harness import checkpoints, launch, memory, preflight, progress, sampling
 from harness.context import leave_process_group, setup_context
 from harness.files import check_out_dir
 from harness.stops import ArgumentParser, Interrupted, RunError, StopFlag, UsageError, run_command, stop_on_signals
@@ -94,6 +93,9 @@ def get_args(argv=None):
     p.add_argument("--seed", type=int, default=1337, help="first seed")
     p.add_argument("--seeds", type=int, help="seeds per model: --seed, --seed + 1, ... (default: per preset)")
     p.add_argument("--jobs", type=int, help="CPU: seeds trained at once, one process each (default: all that fit)")
+    # Set by the --jobs launcher (harness/launch.py) for each child it starts, not by hand.
+    p.add_argument("--parent", type=int, help=argparse.SUPPRESS)  # the launcher's pid: stop once it is gone
+    p.add_argument("--rounds", type=int, default=1, help=argparse.SUPPRESS)  # for the estimate (harness/progress.py)
     p.add_argument("--allow_repeats", action="store_true", help="--preset paper: allow reading the data again")
     once = p.add_mutually_exclusive_group()  # --resume and --overwrite contradict each other
     once.add_argument("--resume", action="store_true", help="continue each run from its checkpoint")
@@ -191,9 +193,10 @@ def micro_batches(x, y, n, device):
 
 def train_step(model, x, y, args, ctx):
     """Forward and backward of this process's share (x, y) of a step's batch, in grad_accum micro-batches whose
-    gradients add up (DDP averages them over the processes on the last one); the step's mean loss over all
-    processes. The optimizer step is the caller's."""
-    total = 0.0
+    gradients add up (DDP averages them over the processes on the last one); this process's mean loss of the step,
+    a float64 tensor on the device, read by the caller (no wait for the device here). The optimizer step is the
+    caller's."""
+    total = torch.zeros((), dtype=torch.float64, device=ctx.device)
     for m, (xb, yb) in enumerate(micro_batches(x, y, args.grad_accum, ctx.device)):
         last = m == args.grad_accum - 1
         # Under DDP, only the last micro-batch's backward all-reduces the gradients.
@@ -201,39 +204,39 @@ def train_step(model, x, y, args, ctx):
         with ctx.autocast(), sync:
             _, loss = model(xb, yb)
             (loss / args.grad_accum).backward()
-        total += loss.item() / args.grad_accum
-    return ctx.all_mean(total)
+        total += loss.detach().double() / args.grad_accum  # float64, as Python's floats added it up before
+    return total
 
 
 @torch.no_grad()
 def evaluate(model, data, args, ctx, block_size):
     """Mean loss on the validation batches 0 .. eval_iters - 1 (every run of the seed evaluates on the same ones), in
-    the training step's micro-batches."""
+    the training step's micro-batches, summed on the device: one wait for it, at the end."""
     model.eval()
-    total = 0.0
+    total = torch.zeros((), dtype=torch.float64, device=ctx.device)
     for k in range(args.eval_iters):
         x, y = get_batch(data, "val", k, args.batch_size, block_size, args.seed, ctx.rank, ctx.world_size)
         for xb, yb in micro_batches(x, y, args.grad_accum, ctx.device):
             with ctx.autocast():
                 _, loss = model(xb, yb)
-            total += loss.item()
+            total += loss.double()
     model.train()
-    return ctx.all_mean(total / (args.eval_iters * args.grad_accum))
+    return ctx.all_sum(total / (args.eval_iters * args.grad_accum)).item() / ctx.world_size
 
 
 # ----------------------------------------------------------------------------
 # The loop, with its checkpoints and an exact resume
 
 
-def train_run(args, variant, double_heads, data, ctx, stop, job, slot, log):
+def train_run(args, variant, double_heads, data, ctx, stop, job, log):
     """Train the run of seed args.seed (or resume it, or skip it if finished); returns its last evaluation.
-    job, slot: the job's progress and this process's share of it. Raises RunError (a NaN loss, a failed write),
+    job: this process's progress (harness/progress.py). Raises RunError (a NaN loss, a failed write),
     Interrupted (a signal: after a checkpoint), UsageError (a checkpoint that does not match)."""
     name = f"{run_name(variant, double_heads)} seed {args.seed}"
     config = model_config(args, variant, double_heads)
     spec = checkpoints.run_spec(args, config, data.fingerprint, ctx.dtype)
     run = checkpoints.RunFiles(run_dir(args.out_dir, variant, double_heads, args.seed), spec, ctx.master)
-    job.begin_run(slot)
+    job.begin_run()
 
     # The model: the same init in every process and at every resume, from the seed alone.
     torch.manual_seed(args.seed)
@@ -280,27 +283,26 @@ def train_run(args, variant, double_heads, data, ctx, stop, job, slot, log):
         train_model = DDP(train_model, device_ids=device_ids, gradient_as_bucket_view=True)
     tokens_per_step = args.batch_size * config.block_size
     # tqdm bars on a terminal only (disable=None), so that logs in files stay readable.
-    bar = tqdm(total=args.max_iters, initial=step, desc=name, disable=None if ctx.master and ctx.bars else True,
+    bar = tqdm(total=args.max_iters, initial=step, desc=name, disable=None if ctx.master and job.bars else True,
                leave=False, dynamic_ncols=True)
     started = time.time() - elapsed
     last_log = time.time()
     try:
         while step < args.max_iters:
-            # Between two steps, as every process agrees: a signal stops us with a whole state to save.
-            if ctx.all_mean(float(stop.signum != 0)):
-                if step != run.saved:
-                    save_checkpoint(run, name, model, optimizer, step, started, loss_sum, loss_count,
-                                    tokens_per_step)
-                raise Interrupted(f"{name}: interrupted at iteration {step}", stop.signum)
-
             # One optimizer step.
             lr = lr_at(step, args)
             for group in optimizer.param_groups:
                 group["lr"] = lr
             x, y = get_batch(data, "train", step, args.batch_size, config.block_size, args.seed, ctx.rank,
                              ctx.world_size)
-            step_loss = train_step(train_model, x, y, args, ctx)
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip).item()
+            loss = train_step(train_model, x, y, args, ctx)
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
+            # The step's one wait for the device: its loss, its gradient norm and whether a signal asks us to stop
+            # (Ctrl-C, SIGTERM: harness/stops.py), in one tensor summed over the processes, so that all agree.
+            stopping = torch.full((), float(stop.signum != 0), dtype=torch.float64, device=ctx.device)
+            loss, grad_norm, stopping = ctx.all_sum(torch.stack([loss, grad_norm.double(), stopping])).tolist()
+            step_loss = loss / ctx.world_size
+            grad_norm /= ctx.world_size
             if not math.isfinite(step_loss) or not math.isfinite(grad_norm):
                 raise RunError(f"{name}: loss {step_loss}, gradient norm {grad_norm} at iteration {step}; stopped, "
                                f"{run.kept()}")
@@ -311,7 +313,7 @@ def train_run(args, variant, double_heads, data, ctx, stop, job, slot, log):
             loss_count += 1
 
             # Progress: this run's bar, and the whole job's estimate.
-            job.stepped(slot)
+            job.stepped()
             job.tick(log)
             tokens_per_s = step * tokens_per_step / (time.time() - started)
             bar.update(1)
@@ -322,7 +324,7 @@ def train_run(args, variant, double_heads, data, ctx, stop, job, slot, log):
 
             if step % args.eval_interval == 0 or step == args.max_iters:
                 val_loss = evaluate(model, data, args, ctx, config.block_size)
-                job.evaluated(slot)
+                job.evaluated()
                 elapsed = time.time() - started
                 row = dict(iter=step, tokens=step * tokens_per_step, train_loss=loss_sum / loss_count,
                            val_loss=val_loss, lr=lr, elapsed_s=round(elapsed, 3),
@@ -335,6 +337,13 @@ def train_run(args, variant, double_heads, data, ctx, stop, job, slot, log):
                     bar.write(f"{name} iter {step}: train {row['train_loss']:.4f} val {val_loss:.4f}")
             if step % args.ckpt_interval == 0 or step == args.max_iters:
                 save_checkpoint(run, name, model, optimizer, step, started, loss_sum, loss_count, tokens_per_step)
+
+            # A signal stops us between two steps, with a whole state to save.
+            if stopping:
+                if step != run.saved:
+                    save_checkpoint(run, name, model, optimizer, step, started, loss_sum, loss_count,
+                                    tokens_per_step)
+                raise Interrupted(f"{name}: interrupted at iteration {step}", stop.signum)
     finally:
         bar.close()  # an error message then starts on a clean line
     return rows[-1] if rows else None
@@ -354,89 +363,105 @@ def save_checkpoint(run, name, model, optimizer, step, started, loss_sum, loss_c
 # main: check everything, then train the runs seed by seed
 
 
-def train_seeds(args, seeds, data, ctx, stop, job, slot, log):
-    """Train every model for each of `seeds` in turn (in this process, or in a --jobs worker)."""
-    for seed in seeds:
-        for variant, double_heads in models_of(args):
-            run_args = argparse.Namespace(**{**vars(args), "seed": seed})  # the run's own seed, the rest shared
-            train_run(run_args, variant, double_heads, data, ctx, stop, job, slot, log)
-
-
-def plan_job(args, shares, block_size, ctx):
-    """The job's JobProgress (harness/progress.py): for each process (slot), the runs of its seeds in the order it
-    trains them, each with the steps it has left (a --resume starts from its checkpoint)."""
-    slots = []
-    for seeds in shares:
-        planned = []
-        for seed in seeds:
-            for variant, double_heads in models_of(args):
-                done = 0
-                if args.resume:
-                    done = checkpoints.saved_iter(run_dir(args.out_dir, variant, double_heads, seed) / "ckpt.pt")
-                name = f"{run_name(variant, double_heads)} seed {seed}"
-                config = model_config(args, variant, double_heads)
-                planned.append(progress.plan_run(name, config, max(0, args.max_iters - done), args.batch_size,
-                                                 args.eval_interval, args.eval_iters, args.max_iters))
-        slots.append(planned)
-    return progress.JobProgress(slots, args.batch_size * block_size, report=ctx.master, bars=ctx.bars)
-
-
-def main(argv=None, stop=None):
-    """Check the input, then train the requested runs; returns 0. Raises UsageError for bad input, RunError for a
-    run that cannot go on, Interrupted after a signal (every run checkpointed first)."""
-    args = get_args(argv)
-    stop = stop or StopFlag()
-
-    # Pre-flight: everything we can check before we write anything (harness/preflight.py, harness/memory.py).
+def check_runs(args):
+    """The GPTConfig of each model to train, once everything that needs neither a device nor data is checked: every
+    model builds (and its twin, which --init coupled draws against), the batch splits, and no run folder holds what
+    this command would erase (harness/checkpoints.py). Raises UsageError."""
     configs = [model_config(args, v, d) for v, d in models_of(args)]
-    if args.init == "coupled":  # each model draws against its twin: that config must build too
+    if args.init == "coupled":
         for variant, double_heads in models_of(args):
             model_config(args, variant, not double_heads)
     preflight.check_batch(args, int(os.environ.get("WORLD_SIZE", 1)))
-    folders = [run_dir(args.out_dir, *run) for run in runs_of(args)]
     first_checkpoint = min(args.ckpt_interval, args.max_iters)
-    for folder in folders:
-        checkpoints.check_existing_run(folder, args.resume, args.overwrite, first_checkpoint)
-    ctx = setup_context(args.device, args.dtype)
-    n_jobs = preflight.jobs_of(args, ctx)
+    for run in runs_of(args):
+        checkpoints.check_existing_run(run_dir(args.out_dir, *run), args.resume, args.overwrite, first_checkpoint)
+    return configs
+
+
+def check_memory(args, configs, ctx, jobs):
+    """Refuse a job whose step would not fit in memory (harness/memory.py), where memory can run out: on a GPU, or a
+    preset past tiny. (On a CPU, the processes of this host share its memory.)"""
+    if ctx.device.type == "cpu" and args.preset == "tiny":
+        return
     per_process = args.batch_size // ctx.world_size
     sharing = 1
-    if ctx.device.type == "cpu":  # processes on one machine share its memory
-        sharing = n_jobs * int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    if ctx.device.type == "cpu":
+        sharing = jobs * int(os.environ.get("LOCAL_WORLD_SIZE", 1))
     memory.check_memory(configs, per_process, per_process // args.grad_accum, ctx.dtype, ctx.device,
                         ctx.world_size > 1, sharing)
-    log = tqdm.write if ctx.master else print_nothing
+
+
+def plan_run(args, variant, double_heads, seed):
+    """The run's PlannedRun (harness/progress.py): the steps it has left (a --resume starts from its checkpoint)."""
+    done = 0
+    if args.resume:
+        done = checkpoints.saved_iter(run_dir(args.out_dir, variant, double_heads, seed) / "ckpt.pt")
+    name = f"{run_name(variant, double_heads)} seed {seed}"
+    return progress.plan_run(name, model_config(args, variant, double_heads), max(0, args.max_iters - done),
+                             args.batch_size, args.eval_interval, args.eval_iters, args.max_iters)
+
+
+def train_seeds(args, seeds, data, ctx, stop, log):
+    """Train every model for each of `seeds` in turn, in this process, reporting the job's progress."""
+    runs = [(variant, double_heads, seed) for seed in seeds for variant, double_heads in models_of(args)]
+    tokens_per_step = args.batch_size * model_config(args, *models_of(args)[0]).block_size  # one block_size for all
+    job = progress.JobProgress([plan_run(args, *run) for run in runs], tokens_per_step,
+                               rounds=args.rounds if ctx.master else 0, bars=args.parent is None)
+    try:
+        for variant, double_heads, seed in runs:
+            run_args = argparse.Namespace(**{**vars(args), "seed": seed})  # the run's own seed, the rest shared
+            train_run(run_args, variant, double_heads, data, ctx, stop, job, log)
+    finally:
+        job.close()
+
+
+def main(argv=None, stop=None):
+    """Check the input, then train the requested runs, here or in --jobs children; returns the exit status (0: all
+    trained). Raises UsageError for bad input, RunError for a run that cannot go on, Interrupted after a signal
+    (every run checkpointed first)."""
+    argv = sys.argv[1:] if argv is None else argv
+    args = get_args(argv)
+    stop = stop or StopFlag()
+    stop.parent = args.parent  # a --jobs child stops when its launcher is gone
+    child = args.parent is not None
+
+    # Pre-flight: everything we can check before we write anything (harness/preflight.py).
+    configs = check_runs(args)
+    ctx = setup_context(args.device, args.dtype)
+    jobs = preflight.jobs_of(args, ctx)
+    check_memory(args, configs, ctx, jobs)
     block_size = configs[0].block_size  # one for every run: the preset's or --block_size
     data, passes = preflight.load_data(args, ctx, block_size, min(c.vocab_size for c in configs))
     check_out_dir(args.out_dir)
+    log = tqdm.write if ctx.master else print_nothing
+    seeds = list(range(args.seed, args.seed + args.seeds))
 
-    with ExitStack() as locks, stop_on_signals(stop):  # rank 0 holds every run folder, for --jobs workers too
+    with ExitStack() as locks, stop_on_signals(stop):
+        # The run folders: ours alone from now on (rank 0 holds them for torchrun's ranks), if the disk has room.
         eval_points = args.max_iters // args.eval_interval + 1
-        runs = [(folder, model_config(args, v, d)) for folder, (v, d, _) in zip(folders, runs_of(args))]
-        claim = functools.partial(preflight.claim_folders, locks, args.out_dir, runs, eval_points, n_jobs)
-        preflight.on_master(ctx, claim)
-        seeds = list(range(args.seed, args.seed + args.seeds))
-        shares = [seeds[k::n_jobs] for k in range(n_jobs)]
-        job = plan_job(args, shares, block_size, ctx)
-        if n_jobs > 1:
-            where = f"{n_jobs} processes of {ctx.threads // n_jobs} thread(s)"
-        else:
+        runs = [(run_dir(args.out_dir, v, d, s), model_config(args, v, d)) for v, d, s in runs_of(args)]
+        preflight.on_master(ctx, functools.partial(preflight.claim_folders, locks, args.out_dir, runs, eval_points,
+                                                   jobs))
+        if not child:
             where = f"{ctx.world_size} process(es)"
-        log(f"data: {data.source}, {data.n_tokens['train']:,} train / {data.n_tokens['val']:,} val tokens, "
-            f"sha256 {data.fingerprint}; {where} on {ctx.device}, {args.dtype or ctx.dtype}")
-        log(f"training: {passes}, windows of {block_size} tokens drawn without replacement")
-        try:
-            if n_jobs == 1:
-                train_seeds(args, seeds, data, ctx, stop, job, 0, log)
-            else:
-                worker_ctx = dataclasses.replace(ctx, threads=ctx.threads // n_jobs, bars=False)
-                jobs.train_in_processes(train_seeds, args, shares, worker_ctx, data.fingerprint, stop, job, log)
-        finally:
-            job.close()
-    for folder in folders:
-        rows = checkpoints.read_metrics(folder / "metrics.jsonl")
-        if rows and ctx.master:
-            log(f"{folder}: final val loss {rows[-1]['val_loss']:.4f} after {rows[-1]['tokens']:,} tokens")
+            if jobs > 1:
+                where = f"{jobs} processes of {ctx.threads // jobs} thread(s)"
+            log(f"data: {data.source}, {data.n_tokens['train']:,} train / {data.n_tokens['val']:,} val tokens, "
+                f"sha256 {data.fingerprint}; {where} on {ctx.device}, {args.dtype or ctx.dtype}")
+            log(f"training: {passes}, windows of {block_size} tokens drawn without replacement")
+        if jobs == 1:
+            train_seeds(args, seeds, data, ctx, stop, log)
+        else:  # seeds side by side, a train.py child each, which takes its runs' locks
+            locks.close()
+            status = launch.train_in_children(__file__, argv, seeds, jobs, ctx.threads, stop)
+            if status:
+                return status
+
+    if ctx.master and not child:
+        for folder, _ in runs:
+            rows = checkpoints.read_metrics(folder / "metrics.jsonl")
+            if rows:
+                log(f"{folder}: final val loss {rows[-1]['val_loss']:.4f} after {rows[-1]['tokens']:,} tokens")
     leave_process_group(finished=True)
     return 0
 

@@ -11,7 +11,7 @@ Everything a run needs beyond that lives here, one topic a module:
     checkpoints.py  what a run is (its spec), reading its checkpoint and metrics back, refusing a mismatch
     preflight.py    checks before anything is written: the flags, the run folders, disk room, the run lock
     memory.py       the memory pre-flight: a step's peak measured on fake tensors
-    progress.py     the whole job's plan, its time estimate and what is left
-    jobs.py         --jobs: seeds trained side by side in worker processes that stop together
+    progress.py     a process's plan of runs, the job's time estimate and what is left
+    launch.py       --jobs: seeds trained side by side, a train.py child process each, that stop together
     sampling.py     train.py --sample: loading a run, its text codec, what each tensor-parallel rank holds
 """

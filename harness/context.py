@@ -12,12 +12,11 @@ from harness.stops import UsageError
 @dataclasses.dataclass
 class Context:
     """device: where the model lives; dtype: autocast's (float32: none); rank, world_size: this process among
-    torchrun's; bars: draw tqdm bars (off in --jobs workers, whose output would interleave); threads: CPU threads."""
+    torchrun's; threads: CPU threads."""
     device: torch.device
     dtype: torch.dtype
     rank: int = 0
     world_size: int = 1
-    bars: bool = True
     threads: int = dataclasses.field(default_factory=torch.get_num_threads)
 
     @property
@@ -29,13 +28,11 @@ class Context:
             return nullcontext()
         return torch.autocast(self.device.type, dtype=self.dtype)
 
-    def all_mean(self, value):
-        """The mean of a Python float over every process."""
-        if self.world_size == 1:
-            return value
-        t = torch.tensor([value], dtype=torch.float64, device=self.device)
-        dist.all_reduce(t)
-        return t.item() / self.world_size
+    def all_sum(self, t):
+        """The tensor t summed over every process (in place: one all-reduce), t itself in a process alone."""
+        if self.world_size > 1:
+            dist.all_reduce(t)
+        return t
 
 
 def device_type(device):

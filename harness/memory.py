@@ -1,5 +1,6 @@
 """The memory pre-flight: before it builds a model, train.py measures the peak memory of each run's largest
-micro-batch and refuses a run that would not fit, in one line with the --grad_accum that would.
+micro-batch and refuses a run that would not fit, in one line with the --grad_accum that would. It does so where
+memory can run out: on a GPU, or a preset past tiny (train.check_memory).
 
 peak_bytes runs one training step (forward, backward, clipping, an AdamW step whose state exists) and one evaluation
 forward under PyTorch's MemTracker on fake tensors: shapes and dtypes without memory, so a CPU measures what a GPU
@@ -103,7 +104,7 @@ def device_memory(device):
 
 def check_memory(configs, per_process, micro_batch, dtype, device, ddp, sharing):
     """Refuse (UsageError, one line) a job whose largest run's training peak, times the `sharing` processes that
-    share the device (CPU: --jobs workers x this host's torchrun processes), exceeds its free memory less
+    share the device (CPU: --jobs children x this host's torchrun processes), exceeds its free memory less
     MEMORY_MARGIN; the line gives the --grad_accum that would fit. configs: the job's GPTConfigs; per_process
     sequences a step, in micro-batches of micro_batch; dtype: autocast's."""
     try:

@@ -1,13 +1,10 @@
-"""The whole job's plan, its time estimate, and what is left of it.
+"""The job's plan, its time estimate, and what is left of it.
 
-A job is runs (a model and a seed), trained in order by one process, or shared by --jobs processes side by side
-(slots). Each run's cost is its FLOPs (training_flops_per_token: the model's own count) for the steps it has left,
-its evaluations included. Each slot measures how many FLOPs a second it does once it has trained a few seconds; the
-job's time left is the longest of the slots' (work left / that rate). So the estimate counts the runs that go side
-by side, and every run's own size, from the first measured steps on; it sharpens as the job goes.
-
-The numbers live in one flat list of floats per job, FIELDS a slot: a --jobs worker writes its slot into a shared
-array that its parent reads, prints and draws.
+A process trains its runs (a model and a seed) in order. Each run's cost is its FLOPs (training_flops_per_token: the
+model's own count) for the steps it has left, its evaluations included. Once the process has trained a few seconds
+it knows how many FLOPs a second it does, and so its time left: the estimate counts every run's own size from the
+first measured steps on, and sharpens as the job goes. Where --jobs children train seeds side by side
+(harness/launch.py), they run alike: the first child's time, once per round of children, is the job's.
 """
 import dataclasses
 import time
@@ -17,11 +14,7 @@ from tqdm import tqdm
 
 import gla
 
-# Per slot: the run being trained (its index in the slot's plan), FLOPs done, steps done, and when the slot's first
-# step ended with the FLOPs and steps done then (the rate is measured from there: the first step compiles and warms).
-RUN, COST, STEPS, FIRST_TIME, FIRST_COST, FIRST_STEPS = range(6)
-FIELDS = 6
-ESTIMATE_AFTER_S = 5.0  # a slot's rate is trusted after this many seconds of steps ...
+ESTIMATE_AFTER_S = 5.0  # the rate is trusted after this many seconds of steps ...
 ESTIMATE_AFTER_STEPS = 3  # ... and this many steps
 LOG_EVERY_S = 60.0  # without a terminal, one progress line a minute
 
@@ -69,110 +62,88 @@ def plan_run(name, config, steps_left, batch_size, eval_interval, eval_iters, ma
 
 
 class JobProgress:
-    """The job's plan, one list of PlannedRuns per slot (process) in the order it trains them, and the numbers each
-    slot reports (`state`: a list, or a shared array in --jobs, FIELDS floats a slot). report=True: this process
-    prints the estimate line and the minute lines (or draws the overall bar on a terminal)."""
+    """This process's plan, its runs (PlannedRuns) in the order it trains them, and what it has done of it.
 
-    def __init__(self, slots, tokens_per_step, state=None, report=True, bars=True):
-        self.slots = slots
+    rounds: how many times this process's time the job takes, for its estimate line (1: a job of one process, or
+    the first of --jobs children side by side, all alike; more where later children train more seeds after ours; 0:
+    another child reports). bars: draw the whole job's bar on a terminal, else a line a minute."""
+
+    def __init__(self, runs, tokens_per_step, rounds=1, bars=True):
+        self.runs = runs
         self.tokens_per_step = tokens_per_step
-        if state is None:  # a new job; a --jobs worker gets the state its parent made
-            state = [0.0] * (FIELDS * len(slots))
-            for slot in range(len(slots)):
-                state[FIELDS * slot + RUN] = -1
-        self.state = state
-        self.report = report
+        self.rounds = rounds
         self.bars = bars
+        self.run = -1  # the index of the run being trained
+        self.flops = 0.0  # FLOPs done
+        self.steps = 0
+        self.first = None  # (time, FLOPs done, steps) at the end of the first step: it compiles and warms up
         self.started = time.time()
         self.estimated = False
         self.last_log = time.time()
         self.bar = None
 
-    def total_flops(self, slot):
-        return sum(run.flops for run in self.slots[slot])
+    def total_flops(self):
+        return sum(run.flops for run in self.runs)
 
-    def current_run(self, slot):
-        """The PlannedRun the slot trains now (None before its first)."""
-        index = int(self.state[FIELDS * slot + RUN])
-        return self.slots[slot][index] if index >= 0 else None
+    def begin_run(self):
+        """We move on to the next run of the plan."""
+        self.run += 1
 
-    def begin_run(self, slot):
-        """The slot moves on to the next run of its plan."""
-        self.state[FIELDS * slot + RUN] += 1
+    def stepped(self):
+        """The current run finished a training step."""
+        self.flops += self.runs[self.run].step_flops
+        self.steps += 1
+        if self.first is None:
+            self.first = (time.time(), self.flops, self.steps)
 
-    def stepped(self, slot):
-        """The slot's current run finished a training step."""
-        base = FIELDS * slot
-        self.state[base + COST] += self.current_run(slot).step_flops
-        self.state[base + STEPS] += 1
-        if not self.state[base + FIRST_TIME]:
-            self.state[base + FIRST_TIME] = time.time()
-            self.state[base + FIRST_COST] = self.state[base + COST]
-            self.state[base + FIRST_STEPS] = self.state[base + STEPS]
+    def evaluated(self):
+        """The current run finished an evaluation."""
+        self.flops += self.runs[self.run].eval_flops
 
-    def evaluated(self, slot):
-        """The slot's current run finished an evaluation."""
-        self.state[FIELDS * slot + COST] += self.current_run(slot).eval_flops
-
-    def seconds_left(self):
-        """(seconds left, FLOPs per second of each slot), or None while a slot with work has not measured its rate."""
-        now = time.time()
-        left = 0.0
-        rates = []
-        for slot in range(len(self.slots)):
-            base = FIELDS * slot
-            todo = self.total_flops(slot) - self.state[base + COST]
-            if todo <= 0:
-                continue
-            seconds = now - self.state[base + FIRST_TIME]
-            steps = self.state[base + STEPS] - self.state[base + FIRST_STEPS]
-            if not self.state[base + FIRST_TIME] or seconds < ESTIMATE_AFTER_S or steps < ESTIMATE_AFTER_STEPS:
-                return None
-            rate = (self.state[base + COST] - self.state[base + FIRST_COST]) / seconds
-            rates.append((rate, steps / seconds))
-            left = max(left, todo / rate)
-        if not rates:  # the job is done
+    def rates(self):
+        """(FLOPs per second, steps per second) since the first step, or None before the rate can be trusted."""
+        if self.first is None:
             return None
-        return left, rates
+        seconds = time.time() - self.first[0]
+        steps = self.steps - self.first[2]
+        if seconds < ESTIMATE_AFTER_S or steps < ESTIMATE_AFTER_STEPS:
+            return None
+        return (self.flops - self.first[1]) / seconds, steps / seconds
 
-    def fraction_done(self):
-        done = sum(self.state[FIELDS * slot + COST] for slot in range(len(self.slots)))
-        total = sum(self.total_flops(slot) for slot in range(len(self.slots)))
-        return done / total if total else 1.0
+    def seconds_left(self, flops_per_s):
+        """Of the whole job: what this process has left, and `rounds - 1` times its plan after it."""
+        return (self.total_flops() - self.flops + (self.rounds - 1) * self.total_flops()) / flops_per_s
 
-    def plan_line(self, left, rates):
-        """The estimate line: runs x seeds x steps, tokens, this machine's measured tokens/s, the time in all."""
-        runs = [run for slot in self.slots for run in slot]
-        steps = sorted({run.steps for run in runs})
-        tokens = sum(run.steps for run in runs) * self.tokens_per_step
-        per_process = sum(steps_per_s for _, steps_per_s in rates) / len(rates) * self.tokens_per_step
-        side_by_side = f"{len(self.slots)} processes side by side" if len(self.slots) > 1 else "one process"
-        elapsed = time.time() - self.started
-        return (f"estimate: {len(runs)} run(s) of {'/'.join(map(str, steps))} steps, {tokens:,} tokens; "
-                f"{side_by_side} at {per_process:,.0f} tokens/s each on this machine: about "
-                f"{minutes(elapsed + left)} in all, {minutes(left)} left")
+    def plan_line(self, flops_per_s, steps_per_s):
+        """The estimate line: runs x steps, tokens, this machine's measured tokens/s, the time in all."""
+        steps = sorted({run.steps for run in self.runs})
+        tokens = sum(run.steps for run in self.runs) * self.tokens_per_step
+        left = self.seconds_left(flops_per_s)
+        rounds = f", {self.rounds} times over for the job's --jobs processes" if self.rounds > 1 else ""
+        return (f"estimate: {len(self.runs)} run(s) of {'/'.join(map(str, steps))} steps, {tokens:,} tokens at "
+                f"{steps_per_s * self.tokens_per_step:,.0f} tokens/s on this machine{rounds}: about "
+                f"{minutes(time.time() - self.started + left)} in all, {minutes(left)} left")
 
     def tick(self, log):
-        """Report if it is time: the estimate line once the rates are measured, then the time left every minute (no
+        """Report if it is time: the estimate line once the rate is measured, then the time left every minute (no
         terminal) or in the overall bar (a terminal). Cheap: train.py calls it after every step."""
-        if not self.report:
+        rates = self.rates()
+        if not self.rounds or rates is None or self.flops >= self.total_flops():
             return
-        estimate = self.seconds_left()
-        if estimate is None:
-            return
-        left, rates = estimate
         if not self.estimated:
             self.estimated = True
-            log(self.plan_line(left, rates))
+            log(self.plan_line(*rates))
             if self.bars:
                 self.bar = tqdm(total=100, desc="the whole job", disable=None, leave=False, dynamic_ncols=True,
                                 bar_format="{desc}: {percentage:3.0f}%|{bar}| {postfix}")
+        left = self.seconds_left(rates[0])
+        done = self.flops / (self.rounds * self.total_flops())
         if self.bar is not None and not self.bar.disable:
-            self.bar.n = round(100 * self.fraction_done(), 1)
+            self.bar.n = round(100 * done, 1)
             self.bar.set_postfix_str(f"about {minutes(left)} left")
         elif time.time() - self.last_log >= LOG_EVERY_S:
             self.last_log = time.time()
-            log(f"progress: {100 * self.fraction_done():.0f}% of the job after {minutes(time.time() - self.started)}, "
+            log(f"progress: {100 * done:.0f}% of the job after {minutes(time.time() - self.started)}, "
                 f"about {minutes(left)} left")
 
     def close(self):

@@ -2,12 +2,11 @@
 
 Exit statuses, as a shell script or a scheduler reads them:
     0         done
-    1         a run cannot go on (a NaN loss, a file it cannot write, a --jobs worker killed): RunError
+    1         a run cannot go on (a NaN loss, a file it cannot write, a --jobs child killed): RunError
     2         bad input (flags, data, a run folder in use, a disk or device without room): UsageError, ConfigError
     128 + N   stopped by signal N (130: Ctrl-C, 143: SIGTERM), each run checkpointed first: Interrupted
 """
 import argparse
-import ctypes
 import os
 import signal
 import sys
@@ -42,52 +41,40 @@ class ArgumentParser(argparse.ArgumentParser):
 
 
 class StopFlag:
-    """The signal that asked training to stop (0: none), read by the training loop between two steps.
+    """The signal that asked training to stop (0: none), read by the training loop once a step.
 
-    One process keeps it in a C int; --jobs workers share their parent's (a multiprocessing RawValue, made only
-    there: it needs /dev/shm), so that a signal to any of them stops them all. A worker whose parent died also
-    reads as stopped (SIGTERM): an orphan checkpoints and ends instead of training without its parent's lock."""
+    parent: in a --jobs child (harness/launch.py), its launcher's pid: a child whose launcher died (kill -9) reads as
+    stopped (SIGTERM), so that an orphan checkpoints and ends at its next step instead of training unwatched."""
 
-    def __init__(self, shared=None, parent_pid=None):
-        self.value = ctypes.c_int(0) if shared is None else shared
-        self.parent_pid = parent_pid
-        self.received = 0  # signals this process received: its own, not shared
+    def __init__(self, parent=None):
+        self.parent = parent
+        self.received = []  # the signals this process received, in order
 
     @property
     def signum(self):
-        if self.parent_pid is not None and os.getppid() != self.parent_pid:
+        if self.received:
+            return self.received[0]
+        if self.parent is not None and os.getppid() != self.parent:
             return signal.SIGTERM
-        return self.value.value
-
-    def set(self, signum):
-        self.value.value = signum
-
-    def share(self, context):
-        """From now on keep the flag in shared memory (context.RawValue), which worker processes can read. A signal
-        handled while we make it sets the old value (kept) or the new one: it is not lost."""
-        local = self.value
-        self.value = context.RawValue("i", 0)
-        if local.value:
-            self.value.value = local.value
+        return 0
 
 
 @contextmanager
 def stop_on_signals(stop):
     """While inside: SIGINT (Ctrl-C) and SIGTERM set `stop` (each run checkpoints after its step and stops); a second
-    one to this process raises KeyboardInterrupt at once, each run's last checkpoint kept. (A signal to the whole
-    process group reaches each --jobs process once: it is a first signal in each, whoever set the shared flag.)"""
+    one raises KeyboardInterrupt at once, each run's last checkpoint kept. Not in a --jobs child, whose second
+    signal is its launcher relaying the first (Ctrl-C reaches the whole process group): there the launcher ends
+    the children at once on a second signal of its own, and a relay that comes after we are done is ignored."""
     def handle(signum, frame):
-        stop.received += 1
-        if stop.received > 1:
+        stop.received.append(signum)
+        if len(stop.received) > 1 and stop.parent is None:
             raise KeyboardInterrupt
-        if not stop.value.value:
-            stop.set(signum)
     previous = {s: signal.signal(s, handle) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
         for s, handler in previous.items():
-            signal.signal(s, handler)
+            signal.signal(s, handler if stop.parent is None else signal.SIG_IGN)
 
 
 def run_command(main, argv, prog, stop):

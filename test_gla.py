@@ -224,15 +224,21 @@ def test_latent_attention_matches_spec_written_head_by_head(variant):
     assert (decoded[0] - want).abs().max() < 1e-5  # the absorbed form, through the cache
 
 
-@pytest.mark.parametrize("preset", list(gla.PRESETS))
+P1_SHAPE = dict(n_embd=128, head_dim=16)  # docs/results.md's P1: the tiny preset at width 128, 8 heads of 16
+
+
+@pytest.mark.parametrize("preset, shape", [(preset, {}) for preset in gla.PRESETS] + [("tiny", P1_SHAPE)])
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_double_heads_same_params_and_cache(preset, variant):
-    base, double = gla.make_config(preset, variant), gla.make_config(preset, variant, double_heads=True)
+def test_double_heads_same_params_and_cache(preset, shape, variant):
+    """Issue 59 item 1: the two arms within 0.1% of each other at every preset and at P1 (rounding the width to 8 left
+    them 0.25-0.72% apart at CPU widths)."""
+    base = gla.make_config(preset, variant, **shape)
+    double = gla.make_config(preset, variant, double_heads=True, **shape)
     with torch.device("meta"):
         n_base, n_double = gla.GPT(base).num_params(), gla.GPT(double).num_params()
     assert double.n_head == 2 * base.n_head
     assert double.ffn_hidden < base.ffn_hidden  # heads are paid for with MLP width
-    assert abs(n_double - n_base) / n_base < 0.005
+    assert abs(n_double - n_base) / n_base < 0.001
     assert double.kv_cache_elems_per_token_per_layer == base.kv_cache_elems_per_token_per_layer
     assert double.kv_cache_shapes == base.kv_cache_shapes
 
@@ -256,12 +262,14 @@ def test_paper_plan(capsys, monkeypatch):
     monkeypatch.setattr(memory, "peak_bytes", lambda *args, **kwargs: 0)
     assert memory_bench.main(["--attn", "all", "--preset", "paper"]) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    assert len(rows) == 6
+    assert len(rows) == 2 * len(VARIANTS)
+    assert {(row["attn"], row["double_heads"]) for row in rows} >= set(PAPER_WIDTHS)  # the paper's six among them
     for row in rows:
         assert row["preset"] == "paper"
-        assert row["ffn_hidden"] == PAPER_WIDTHS[row["attn"], row["double_heads"]]
         assert row["n_head"] == (48 if row["double_heads"] else 24)
-        assert row["kv_cache_elems_per_token_per_layer"] == PAPER_CACHE[row["attn"]]
+        if (row["attn"], row["double_heads"]) in PAPER_WIDTHS:  # a variant added later has no published width
+            assert row["ffn_hidden"] == PAPER_WIDTHS[row["attn"], row["double_heads"]]
+            assert row["kv_cache_elems_per_token_per_layer"] == PAPER_CACHE[row["attn"]]
     for variant in VARIANTS:
         n = [r["n_params"] for r in rows if r["attn"] == variant]
         assert abs(n[0] - n[1]) / n[0] < 0.001

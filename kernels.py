@@ -10,7 +10,8 @@ et al. 2024, arXiv 2407.08608):
     GLA-2 : two latent heads of 256 (Hkv = 2), each shared by half of the query heads, and one rope key (Hk = 1).
 
 The kernel splits each cached sequence into slices, as Flash-Decoding does (Dao et al. 2023, "Flash-Decoding for
-long-context inference"), so that a small batch still fills the GPU; a second kernel combines the slices.
+long-context inference"), so that a small batch has enough programs for every SM; a second kernel combines the slices.
+Its speed on a GPU is unmeasured here.
 Decode is mostly memory bound, so a call cannot beat its floor: its bytes (the cached K and V of the valid tokens,
 each read once) over the memory bandwidth, or its FLOPs over the tensor cores' peak where a group's rows (query
 heads x new tokens) are many. A GLA-2 head group reads 256 + 64 elements per token where MLA's one group reads
@@ -79,7 +80,7 @@ def decode_attention_ref(q, k_cache, v_cache, cache_seqlens, qv=None, softmax_sc
 
     As in the kernel's tile, the G = Hq // Hkv query heads of a group (h = g * G + k reads value head g) and the Lq
     new tokens are the rows of one query: SDPA runs Hkv heads of G x Lq rows over the cache where it lies ((B, H, S,
-    D) views), on a CPU 2-3x faster at batch 8 than Hq heads of Lq rows (enable_gqa). MLA / GLA: the latent is
+    D) views), on a CPU faster than Hq heads of Lq rows (enable_gqa). MLA / GLA: the latent is
     SDPA's key and value, and the rope scores q . k_rope enter through its additive mask. 16-bit inputs are upcast
     to float32 (a copy of the valid cache); float32 ones are read in place.
     """
@@ -102,8 +103,7 @@ def decode_attention_ref(q, k_cache, v_cache, cache_seqlens, qv=None, softmax_sc
     else:  # scores = q . k_rope + qv . c: the latent is also the non-rope key
         query, key = rows(qv), v
         # One product per key head for all its query heads: the shared rope key (Hk = 1) is read once, not copied
-        # per group (at batch 8, 16K that copy made GLA-2 1.7x slower). Rows (B, Hk, Hq / Hk * Lq, S) are (B, Hkv,
-        # G * Lq, S) grouped by value head.
+        # per group. Rows (B, Hk, Hq / Hk * Lq, S) are (B, Hkv, G * Lq, S) grouped by value head.
         q_rows = (q.float() * scale).transpose(1, 2).reshape(B, Hk, -1, Dk)
         mask = torch.matmul(q_rows, k.transpose(2, 3)).view(B, Hkv, G * Lq, S).add_(mask)
     out = F.scaled_dot_product_attention(query, key, v, attn_mask=mask, scale=scale)  # (B, Hkv, G * Lq, Dv)

@@ -886,6 +886,34 @@ def test_readmes_commands_take_the_flags_they_give(tmp_path, capsys):
         assert "is not a directory" in err, (argv, err)
 
 
+class PerturbedGPT(gla.GPT):
+    """A GPT whose zero-initialised output projections are perturbed (as small_model's), so that attention, and so
+    the cache, shape its logits."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        with torch.no_grad():
+            for p in self.parameters():
+                p.add_(0.05 * torch.randn_like(p))
+
+
+def test_readmes_python_runs_and_decodes_what_generate_does(monkeypatch):
+    """Issue 58 item 7: README's Python (a model, its cache, a decode step) runs as written, and its steps give the
+    logits generate's steps gave: the greedy token after the prompt, then the next one's logits."""
+    readme = open(os.path.join(REPO, "README.md"), encoding="utf-8").read()
+    blocks = re.findall(r"```python\n(.*?)```", readme, re.S)
+    assert len(blocks) == 1, "README shows one Python example"
+    monkeypatch.setattr(gla, "GPT", PerturbedGPT)  # at init the blocks are the identity: the cache would not matter
+    scope = {}
+    exec(compile(blocks[0], "README.md", "exec"), scope)
+    model, prompt, tokens = scope["model"], scope["prompt"], scope["tokens"]
+    T = prompt.shape[1]
+    assert tokens.shape == (1, T + 16) and torch.equal(tokens[:, :T], prompt)
+    assert scope["next_token"].item() == tokens[0, T].item()
+    expected = model(tokens[:, :T + 1])[0][:, -1:]  # the full forward over the prompt and the first new token
+    torch.testing.assert_close(scope["logits"], expected, rtol=1e-4, atol=1e-4)
+
+
 # ----------------------------------------------------------------------------
 # kernels.py: the Triton decode kernel (interpreter on CPU) against the reference
 
@@ -1616,6 +1644,12 @@ def test_cli_subprocess_end_to_end(tmp_path):
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
     assert len(bad.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "x.png").exists()
+
+
+def test_plot_draws_every_variant_the_model_trains():
+    """plot.py cannot import gla (torch): its VARIANTS copy gla's, and each has a STYLE (README's GLA-4 recipe adds
+    "gla4" to both lists; this names the one forgotten)."""
+    assert plot.VARIANTS == gla.VARIANTS and set(plot.STYLE) == set(plot.VARIANTS)
 
 
 def test_plot_imports_neither_torch_nor_the_model():

@@ -557,20 +557,21 @@ class TPShare(NamedTuple):
 
 
 def tp_share(config, rank, tp):
-    """The TPShare of rank of tp: n_head / tp query heads, ffn_hidden / tp MLP columns; KV / latent heads split when tp
-    divides them, shared when a multiple. Raises ConfigError for a tp that cannot split the model so."""
+    """The TPShare of rank of tp: n_head / tp query heads, about ffn_hidden / tp MLP columns (a width tp does not divide
+    leaves some ranks one column more: a sum of partial sums needs no equal parts); KV / latent heads split when tp
+    divides them, shared when a multiple. Raises ConfigError for a tp that cannot split the heads so."""
     g = config.n_groups
-    if config.n_head % tp or config.ffn_hidden % tp or (g % tp and tp % g):
-        raise ConfigError(f"tp={tp} must divide n_head={config.n_head} and ffn_hidden={config.ffn_hidden}, and divide "
+    if config.n_head % tp or (g % tp and tp % g):
+        raise ConfigError(f"tp={tp} must divide n_head={config.n_head}, and divide "
                           f"{'n_kv_head' if config.attn == 'gqa' else 'n_latent_heads'}={g} or be a multiple of it")
     assert 0 <= rank < tp, (rank, tp)
     local, H = max(g // tp, 1), config.n_head // tp  # KV / latent heads and query heads per rank
     fields = dict(n_kv_head=local) if config.attn == "gqa" else dict(n_latent_heads=local,
                                                                      kv_lora_rank=config.kv_lora_rank // g * local)
     first_group = rank * H // (config.n_head // g)  # the group of our first query head
-    return TPShare(replace(config, n_head=H, ffn_hidden=config.ffn_hidden // tp, **fields),
-                   range(rank * H, (rank + 1) * H), range(first_group, first_group + local),
-                   range(rank * config.ffn_hidden // tp, (rank + 1) * config.ffn_hidden // tp))
+    ffn = range(rank * config.ffn_hidden // tp, (rank + 1) * config.ffn_hidden // tp)
+    return TPShare(replace(config, n_head=H, ffn_hidden=len(ffn), **fields),
+                   range(rank * H, (rank + 1) * H), range(first_group, first_group + local), ffn)
 
 
 def _keep(linear, dim, *spans, width=1):

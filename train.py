@@ -14,8 +14,8 @@ validation batches, so plot.py's seed-by-seed difference cancels the data's nois
 
 Read top to bottom: the flags, the runs, the batch, the schedule and the optimizer, one step, evaluation, the loop
 with its checkpoints, and main. What keeps long runs safe and lets them fit (signals, the run lock, disk and memory
-checks, atomic writes, the --jobs processes, big-corpus formats, sampling) lives in harness/, which a first reader
-may skip. Each run writes <out_dir>/<run>/seed<seed>/: config.json, metrics.jsonl (one evaluation a line), ckpt.pt.
+checks, atomic writes, big-corpus formats, sampling) lives in harness/, which a first reader may skip. Each run
+writes <out_dir>/<run>/seed<seed>/: config.json, metrics.jsonl (one evaluation a line), ckpt.pt.
 """
 
 import argparse
@@ -33,7 +33,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
 import gla
-from harness import checkpoints, launch, memory, preflight, progress, sampling
+from harness import checkpoints, memory, preflight, progress, sampling
 from harness.context import leave_process_group, setup_context
 from harness.files import check_out_dir
 from harness.stops import ArgumentParser, Interrupted, RunError, StopFlag, UsageError, run_command, stop_on_signals
@@ -92,10 +92,6 @@ def get_args(argv=None):
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
     p.add_argument("--seed", type=int, default=1337, help="first seed")
     p.add_argument("--seeds", type=int, help="seeds per model: --seed, --seed + 1, ... (default: per preset)")
-    p.add_argument("--jobs", type=int, help="CPU: seeds trained at once, one process each (default: all that fit)")
-    # Set by the --jobs launcher (harness/launch.py) for each child it starts, not by hand.
-    p.add_argument("--parent", type=int, help=argparse.SUPPRESS)  # the launcher's pid: stop once it is gone
-    p.add_argument("--rounds", type=int, default=1, help=argparse.SUPPRESS)  # for the estimate (harness/progress.py)
     p.add_argument("--allow_repeats", action="store_true", help="--preset paper: allow reading the data again")
     once = p.add_mutually_exclusive_group()  # --resume and --overwrite contradict each other
     once.add_argument("--resume", action="store_true", help="continue each run from its checkpoint")
@@ -283,7 +279,7 @@ def train_run(args, variant, double_heads, data, ctx, stop, job, log):
         train_model = DDP(train_model, device_ids=device_ids, gradient_as_bucket_view=True)
     tokens_per_step = args.batch_size * config.block_size
     # tqdm bars on a terminal only (disable=None), so that logs in files stay readable.
-    bar = tqdm(total=args.max_iters, initial=step, desc=name, disable=None if ctx.master and job.bars else True,
+    bar = tqdm(total=args.max_iters, initial=step, desc=name, disable=None if ctx.master else True,
                leave=False, dynamic_ncols=True)
     started = time.time() - elapsed
     last_log = time.time()
@@ -378,15 +374,15 @@ def check_runs(args):
     return configs
 
 
-def check_memory(args, configs, ctx, jobs):
+def check_memory(args, configs, ctx):
     """Refuse a job whose step would not fit in memory (harness/memory.py), where memory can run out: on a GPU, or a
-    preset past tiny. (On a CPU, the processes of this host share its memory.)"""
+    preset past tiny. (On a CPU, torchrun's processes on this host share its memory.)"""
     if ctx.device.type == "cpu" and args.preset == "tiny":
         return
     per_process = args.batch_size // ctx.world_size
     sharing = 1
     if ctx.device.type == "cpu":
-        sharing = jobs * int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+        sharing = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
     memory.check_memory(configs, per_process, per_process // args.grad_accum, ctx.dtype, ctx.device,
                         ctx.world_size > 1, sharing)
 
@@ -401,12 +397,11 @@ def plan_run(args, variant, double_heads, seed):
                              args.batch_size, args.eval_interval, args.eval_iters, args.max_iters)
 
 
-def train_seeds(args, seeds, data, ctx, stop, log):
-    """Train every model for each of `seeds` in turn, in this process, reporting the job's progress."""
-    runs = [(variant, double_heads, seed) for seed in seeds for variant, double_heads in models_of(args)]
+def train_runs(args, data, ctx, stop, log):
+    """Train every run, seed by seed, in this process, reporting the job's progress."""
+    runs = runs_of(args)
     tokens_per_step = args.batch_size * model_config(args, *models_of(args)[0]).block_size  # one block_size for all
-    job = progress.JobProgress([plan_run(args, *run) for run in runs], tokens_per_step,
-                               rounds=args.rounds if ctx.master else 0, bars=args.parent is None)
+    job = progress.JobProgress([plan_run(args, *run) for run in runs], tokens_per_step, report=ctx.master)
     try:
         for variant, double_heads, seed in runs:
             run_args = argparse.Namespace(**{**vars(args), "seed": seed})  # the run's own seed, the rest shared
@@ -416,48 +411,31 @@ def train_seeds(args, seeds, data, ctx, stop, log):
 
 
 def main(argv=None, stop=None):
-    """Check the input, then train the requested runs, here or in --jobs children; returns the exit status (0: all
-    trained). Raises UsageError for bad input, RunError for a run that cannot go on, Interrupted after a signal
-    (every run checkpointed first)."""
-    argv = sys.argv[1:] if argv is None else argv
+    """Check the input, then train the requested runs; returns the exit status (0: all trained). Raises UsageError
+    for bad input, RunError for a run that cannot go on, Interrupted after a signal (every run checkpointed first)."""
     args = get_args(argv)
     stop = stop or StopFlag()
-    stop.parent = args.parent  # a --jobs child stops when its launcher is gone
-    child = args.parent is not None
 
     # Pre-flight: everything we can check before we write anything (harness/preflight.py).
     configs = check_runs(args)
     ctx = setup_context(args.device, args.dtype)
-    jobs = preflight.jobs_of(args, ctx)
-    check_memory(args, configs, ctx, jobs)
+    check_memory(args, configs, ctx)
     block_size = configs[0].block_size  # one for every run: the preset's or --block_size
     data, passes = preflight.load_data(args, ctx, block_size, min(c.vocab_size for c in configs))
     check_out_dir(args.out_dir)
     log = tqdm.write if ctx.master else print_nothing
-    seeds = list(range(args.seed, args.seed + args.seeds))
 
     with ExitStack() as locks, stop_on_signals(stop):
         # The run folders: ours alone from now on (rank 0 holds them for torchrun's ranks), if the disk has room.
         eval_points = args.max_iters // args.eval_interval + 1
         runs = [(run_dir(args.out_dir, v, d, s), model_config(args, v, d)) for v, d, s in runs_of(args)]
-        preflight.on_master(ctx, functools.partial(preflight.claim_folders, locks, args.out_dir, runs, eval_points,
-                                                   jobs))
-        if not child:
-            where = f"{ctx.world_size} process(es)"
-            if jobs > 1:
-                where = f"{jobs} processes of {ctx.threads // jobs} thread(s)"
-            log(f"data: {data.source}, {data.n_tokens['train']:,} train / {data.n_tokens['val']:,} val tokens, "
-                f"sha256 {data.fingerprint}; {where} on {ctx.device}, {args.dtype or ctx.dtype}")
-            log(f"training: {passes}, windows of {block_size} tokens drawn without replacement")
-        if jobs == 1:
-            train_seeds(args, seeds, data, ctx, stop, log)
-        else:  # seeds side by side, a train.py child each, which takes its runs' locks
-            locks.close()
-            status = launch.train_in_children(__file__, argv, seeds, jobs, ctx.threads, stop)
-            if status:
-                return status
+        preflight.on_master(ctx, functools.partial(preflight.claim_folders, locks, args.out_dir, runs, eval_points))
+        log(f"data: {data.source}, {data.n_tokens['train']:,} train / {data.n_tokens['val']:,} val tokens, "
+            f"sha256 {data.fingerprint}; {ctx.world_size} process(es) on {ctx.device}, {args.dtype or ctx.dtype}")
+        log(f"training: {passes}, windows of {block_size} tokens drawn without replacement")
+        train_runs(args, data, ctx, stop, log)
 
-    if ctx.master and not child:
+    if ctx.master:
         for folder, _ in runs:
             rows = checkpoints.read_metrics(folder / "metrics.jsonl")
             if rows:

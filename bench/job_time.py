@@ -1,10 +1,10 @@
 """How long a train.py job takes on this CPU, predicted in about half a minute: this core's one-thread float32 matmul
-GFLOP/s, then a few timed training steps of each of the job's models on the threads each --jobs process gets, summed
-over the job's plan.
+GFLOP/s, then a few timed training steps of each of the job's models on all the threads torch has, as train.py trains
+them, summed over the job's plan.
 
 Without flags it predicts the main job, `python train.py --attn all`; any train.py flag changes the job (e.g.
---seeds 4). The job's plan is train.py's: its defaults per preset, its seeds split over the processes side by side
-(harness/preflight.jobs_of: one a core), each process training all its runs in turn. A run's time is its FLOPs
+--seeds 4). The job's plan is train.py's: its defaults per preset, its runs trained in turn, seed by seed, in one
+process. A run's time is its FLOPs
 (harness/progress.plan_run: its steps and evaluations, training_flops_per_token) at the FLOP rate its model's timed
 steps reached. Process start, data loading and checkpoints are left out (a few seconds a run).
 
@@ -19,7 +19,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # the repo
 import torch  # noqa: E402
 
 import train  # noqa: E402
-from harness import preflight, progress  # noqa: E402
+from harness import progress  # noqa: E402
 from harness.context import setup_context  # noqa: E402
 from harness.stops import UsageError  # noqa: E402
 from bench.common import machine, matmul_gflops, time_models  # noqa: E402
@@ -37,16 +37,17 @@ def main(argv=None):
         ctx = setup_context(args.device or "cpu", args.dtype)
         if ctx.device.type != "cpu":
             raise UsageError("bench/job_time.py predicts a CPU job; drop --device")
-        n_jobs = preflight.jobs_of(args, ctx)
     except UsageError as e:
         p.error(str(e))
-    threads = ctx.threads // n_jobs
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    gflops = matmul_gflops()
-    torch.set_num_threads(threads)
+    try:
+        gflops = matmul_gflops()
+    finally:
+        torch.set_num_threads(threads)
     print(f"{machine()}\none core's float32 matmul (1024^3 torch.mm, one thread): {gflops:.1f} GFLOP/s")
-    print(f"each of {n_jobs} process(es) side by side trains on {threads} thread(s); {args.batch_size} x "
-          f"{args.max_iters} steps per run; timed: {ours.steps} steps per model\n")
+    print(f"one process trains on {threads} thread(s); {args.batch_size} x {args.max_iters} steps per run; timed: "
+          f"{ours.steps} steps per model\n")
     print(f"{'model':<20}{'GFLOP/step':>11}{'s/step':>8}{'tokens/s':>10}{'GFLOP/s':>9}{'of matmul':>11}{'run min':>9}")
     run_seconds = {}
     for name, (config, step_s) in time_models(args, ctx, ours.steps).items():
@@ -57,12 +58,9 @@ def main(argv=None):
         tokens_per_s = args.batch_size * config.block_size / step_s
         print(f"{name:<20}{run.step_flops / 1e9:>11.2f}{step_s:>8.3f}{tokens_per_s:>10,.0f}{rate / 1e9:>9.1f}"
               f"{100 * rate / 1e9 / gflops:>10.0f}%{run_seconds[name] / 60:>9.1f}")
-    seeds = list(range(args.seed, args.seed + args.seeds))
-    shares = [seeds[k::n_jobs] for k in range(n_jobs)]  # as train.py splits them
-    slot_seconds = [len(share) * sum(run_seconds.values()) for share in shares]
-    runs = len(seeds) * len(run_seconds)
-    print(f"\nestimate: {runs} runs ({len(run_seconds)} model(s) x {len(seeds)} seed(s)) of {args.max_iters} steps, "
-          f"{n_jobs} process(es) side by side: about {progress.minutes(max(slot_seconds))} in all "
+    runs = args.seeds * len(run_seconds)
+    print(f"\nestimate: {runs} runs ({len(run_seconds)} model(s) x {args.seeds} seed(s)) of {args.max_iters} steps, "
+          f"one process: about {progress.minutes(args.seeds * sum(run_seconds.values()))} in all "
           f"(one core's matmul: {gflops:.0f} GFLOP/s)")
     return 0
 

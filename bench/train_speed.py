@@ -5,8 +5,8 @@ two batch shapes; the two take turns step by step in one process, so both see th
 the median of the timed steps after warm-up ones. HF's model (bench/common.hf_twin: Llama for GQA, a dense
 DeepSeek-V3 for MLA and GLA-2) is timed only if transformers is installed.
 
-On a CPU it first times the main job's steps (train.py's tiny preset and batch, its optimizer step, one thread as
-each --jobs process has) and prints their FLOP rate (harness/progress.training_flops_per_token) as a fraction of one
+On a CPU it first times the main job's steps (train.py's tiny preset and batch, its optimizer step) on one thread
+and prints their FLOP rate (harness/progress.training_flops_per_token) as a fraction of one
 core's float32 matmul GFLOP/s (bench/common.matmul_gflops).
 
     python bench/train_speed.py [--preset tiny] [--device cpu] [--compile]
@@ -34,8 +34,8 @@ MAIN_JOB_STEPS = 5  # timed steps per model of the main job, after 2 warm-up one
 
 
 def main_job_fraction():
-    """Print the main job's training FLOP rate per model (float32, one thread on the CPU, as train.py's --jobs
-    processes train it) as a fraction of one core's matmul GFLOP/s."""
+    """Print the main job's training FLOP rate per model (float32, one thread on the CPU) as a fraction of one core's
+    matmul GFLOP/s."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

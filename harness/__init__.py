@@ -12,6 +12,5 @@ Everything a run needs beyond that lives here, one topic a module:
     preflight.py    checks before anything is written: the flags, the run folders, disk room, the run lock
     memory.py       the memory pre-flight: a step's peak measured on fake tensors
     progress.py     a process's plan of runs, the job's time estimate and what is left
-    launch.py       --jobs: seeds trained side by side, a train.py child process each, that stop together
     sampling.py     train.py --sample: loading a run, its text codec, what each tensor-parallel rank holds
 """

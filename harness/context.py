@@ -12,12 +12,11 @@ from harness.stops import UsageError
 @dataclasses.dataclass
 class Context:
     """device: where the model lives; dtype: autocast's (float32: none); rank, world_size: this process among
-    torchrun's; threads: CPU threads."""
+    torchrun's."""
     device: torch.device
     dtype: torch.dtype
     rank: int = 0
     world_size: int = 1
-    threads: int = dataclasses.field(default_factory=torch.get_num_threads)
 
     @property
     def master(self):

@@ -104,9 +104,9 @@ def device_memory(device):
 
 def check_memory(configs, per_process, micro_batch, dtype, device, ddp, sharing):
     """Refuse (UsageError, one line) a job whose largest run's training peak, times the `sharing` processes that
-    share the device (CPU: --jobs children x this host's torchrun processes), exceeds its free memory less
-    MEMORY_MARGIN; the line gives the --grad_accum that would fit. configs: the job's GPTConfigs; per_process
-    sequences a step, in micro-batches of micro_batch; dtype: autocast's."""
+    share the device (CPU: this host's torchrun processes), exceeds its free memory less MEMORY_MARGIN; the line
+    gives the --grad_accum that would fit. configs: the job's GPTConfigs; per_process sequences a step, in
+    micro-batches of micro_batch; dtype: autocast's."""
     try:
         peaks = [train_peak(c, micro_batch, per_process, dtype, ddp) for c in configs]
     except (ImportError, AttributeError) as e:
@@ -123,7 +123,6 @@ def check_memory(configs, per_process, micro_batch, dtype, device, ddp, sharing)
         advice = f"--grad_accum {per_process // fit} ({fit} sequences per micro-batch) would fit"
     else:
         advice = "not even one sequence per micro-batch fits: use GPUs with more memory or a smaller model"
-    fewer = " (or fewer --jobs)" if device.type == "cpu" else ""
     raise UsageError(f"this run needs {need / 2**30:.1f} GiB on {device} (measured: {sharing} process(es), "
                      f"micro-batches of {micro_batch} sequences) but {have / 2**30:.1f} GiB are free, "
-                     f"{MEMORY_MARGIN:.0%} kept in reserve; {advice}{fewer}; bench/memory.py plans a launch")
+                     f"{MEMORY_MARGIN:.0%} kept in reserve; {advice}; bench/memory.py plans a launch")

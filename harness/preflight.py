@@ -1,6 +1,6 @@
-"""Checks before anything is written: the flags, the batch split, the data, the passes over it, the number of --jobs
-processes, disk room, and the lock that gives each run folder to one process. Each raises UsageError, one line that
-names what the user set and what to do."""
+"""Checks before anything is written: the flags, the batch split, the data, the passes over it, disk room, and the
+lock that gives each run folder to one process. Each raises UsageError, one line that names what the user set and
+what to do."""
 import fcntl
 import math
 import os
@@ -13,8 +13,7 @@ import gla
 from harness.data import TokenData
 from harness.stops import UsageError
 
-POSITIVE_FLAGS = ("max_iters", "batch_size", "grad_accum", "eval_interval", "eval_iters", "ckpt_interval", "seeds",
-                  "jobs")
+POSITIVE_FLAGS = ("max_iters", "batch_size", "grad_accum", "eval_interval", "eval_iters", "ckpt_interval", "seeds")
 CKPT_SLACK = 2**20  # a checkpoint's bytes beyond 12 a parameter (the zip's headers, the spec), generously
 METRICS_ROW_BYTES = 256  # a metrics.jsonl row takes about 200
 
@@ -99,27 +98,15 @@ def load_data(args, ctx, block_size, vocab_size):
     return TokenData.load(args.data, args.out_dir, fingerprint), passes
 
 
-def jobs_of(args, ctx):
-    """How many processes train seeds side by side: --jobs, else as many as seeds and CPU threads allow; 1 on GPUs
-    and under torchrun. UsageError for more than that."""
-    most = ctx.threads if ctx.device.type == "cpu" and ctx.world_size == 1 else 1
-    jobs = min(args.jobs or most, args.seeds)
-    if jobs > most:
-        raise UsageError(f"--jobs {args.jobs}: this run trains at most {most} seed(s) at once (one per CPU thread, "
-                         f"torch has {ctx.threads}; one on GPUs and under torchrun); use --jobs {most} or fewer")
-    return jobs
-
-
-def check_disk(out_dir, runs, eval_points, jobs):
+def check_disk(out_dir, runs, eval_points):
     """UsageError unless out_dir's disk has room for every run (a list of (run folder, GPTConfig)): its checkpoint
     (12 bytes a parameter: float32 weights and AdamW's two moments) less the ckpt.pt it may have already, one more
-    for each --jobs process (atomic_write keeps the old file while it writes the new), and eval_points metrics
-    rows a run."""
+    (atomic_write keeps the old file while it writes the new), and eval_points metrics rows a run."""
     sizes = []
     with torch.device("meta"):  # parameters counted without memory
         for folder, config in runs:
             sizes.append(12 * gla.GPT(config).num_params() + CKPT_SLACK)
-    need = jobs * max(sizes) + len(runs) * METRICS_ROW_BYTES * eval_points
+    need = max(sizes) + len(runs) * METRICS_ROW_BYTES * eval_points
     for (folder, _), size in zip(runs, sizes):
         have = os.path.join(folder, "ckpt.pt")
         need += max(0, size - (os.path.getsize(have) if os.path.exists(have) else 0))
@@ -130,9 +117,9 @@ def check_disk(out_dir, runs, eval_points, jobs):
                          "free space or choose another --out_dir")
 
 
-def claim_folders(stack, out_dir, runs, eval_points, jobs):
+def claim_folders(stack, out_dir, runs, eval_points):
     """check_disk, then lock_runs: what rank 0 checks and takes before the first step."""
-    check_disk(out_dir, runs, eval_points, jobs)
+    check_disk(out_dir, runs, eval_points)
     lock_runs(stack, [folder for folder, _ in runs])
 
 

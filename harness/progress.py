@@ -3,8 +3,7 @@
 A process trains its runs (a model and a seed) in order. Each run's cost is its FLOPs (training_flops_per_token: the
 model's own count) for the steps it has left, its evaluations included. Once the process has trained a few seconds
 it knows how many FLOPs a second it does, and so its time left: the estimate counts every run's own size from the
-first measured steps on, and sharpens as the job goes. Where --jobs children train seeds side by side
-(harness/launch.py), they run alike: the first child's time, once per round of children, is the job's.
+first measured steps on, and sharpens as the job goes.
 """
 import dataclasses
 import time
@@ -64,15 +63,13 @@ def plan_run(name, config, steps_left, batch_size, eval_interval, eval_iters, ma
 class JobProgress:
     """This process's plan, its runs (PlannedRuns) in the order it trains them, and what it has done of it.
 
-    rounds: how many times this process's time the job takes, for its estimate line (1: a job of one process, or
-    the first of --jobs children side by side, all alike; more where later children train more seeds after ours; 0:
-    another child reports). bars: draw the whole job's bar on a terminal, else a line a minute."""
+    report: whether this process reports the job's progress (under torchrun, rank 0 does for all): the estimate
+    line, then the whole job's bar on a terminal, else a line a minute."""
 
-    def __init__(self, runs, tokens_per_step, rounds=1, bars=True):
+    def __init__(self, runs, tokens_per_step, report=True):
         self.runs = runs
         self.tokens_per_step = tokens_per_step
-        self.rounds = rounds
-        self.bars = bars
+        self.report = report
         self.run = -1  # the index of the run being trained
         self.flops = 0.0  # FLOPs done
         self.steps = 0
@@ -111,33 +108,31 @@ class JobProgress:
         return (self.flops - self.first[1]) / seconds, steps / seconds
 
     def seconds_left(self, flops_per_s):
-        """Of the whole job: what this process has left, and `rounds - 1` times its plan after it."""
-        return (self.total_flops() - self.flops + (self.rounds - 1) * self.total_flops()) / flops_per_s
+        """What the job has left."""
+        return (self.total_flops() - self.flops) / flops_per_s
 
     def plan_line(self, flops_per_s, steps_per_s):
         """The estimate line: runs x steps, tokens, this machine's measured tokens/s, the time in all."""
         steps = sorted({run.steps for run in self.runs})
         tokens = sum(run.steps for run in self.runs) * self.tokens_per_step
         left = self.seconds_left(flops_per_s)
-        rounds = f", {self.rounds} times over for the job's --jobs processes" if self.rounds > 1 else ""
         return (f"estimate: {len(self.runs)} run(s) of {'/'.join(map(str, steps))} steps, {tokens:,} tokens at "
-                f"{steps_per_s * self.tokens_per_step:,.0f} tokens/s on this machine{rounds}: about "
+                f"{steps_per_s * self.tokens_per_step:,.0f} tokens/s on this machine: about "
                 f"{minutes(time.time() - self.started + left)} in all, {minutes(left)} left")
 
     def tick(self, log):
         """Report if it is time: the estimate line once the rate is measured, then the time left every minute (no
         terminal) or in the overall bar (a terminal). Cheap: train.py calls it after every step."""
         rates = self.rates()
-        if not self.rounds or rates is None or self.flops >= self.total_flops():
+        if not self.report or rates is None or self.flops >= self.total_flops():
             return
         if not self.estimated:
             self.estimated = True
             log(self.plan_line(*rates))
-            if self.bars:
-                self.bar = tqdm(total=100, desc="the whole job", disable=None, leave=False, dynamic_ncols=True,
-                                bar_format="{desc}: {percentage:3.0f}%|{bar}| {postfix}")
+            self.bar = tqdm(total=100, desc="the whole job", disable=None, leave=False, dynamic_ncols=True,
+                            bar_format="{desc}: {percentage:3.0f}%|{bar}| {postfix}")
         left = self.seconds_left(rates[0])
-        done = self.flops / (self.rounds * self.total_flops())
+        done = self.flops / self.total_flops()
         if self.bar is not None and not self.bar.disable:
             self.bar.n = round(100 * done, 1)
             self.bar.set_postfix_str(f"about {minutes(left)} left")

@@ -2,7 +2,7 @@
 
 Exit statuses, as a shell script or a scheduler reads them:
     0         done
-    1         a run cannot go on (a NaN loss, a file it cannot write, a --jobs child killed): RunError
+    1         a run cannot go on (a NaN loss, a file it cannot write): RunError
     2         bad input (flags, data, a run folder in use, a disk or device without room): UsageError, ConfigError
     128 + N   stopped by signal N (130: Ctrl-C, 143: SIGTERM), each run checkpointed first: Interrupted
 """
@@ -41,40 +41,30 @@ class ArgumentParser(argparse.ArgumentParser):
 
 
 class StopFlag:
-    """The signal that asked training to stop (0: none), read by the training loop once a step.
+    """The signal that asked training to stop (0: none), read by the training loop once a step."""
 
-    parent: in a --jobs child (harness/launch.py), its launcher's pid: a child whose launcher died (kill -9) reads as
-    stopped (SIGTERM), so that an orphan checkpoints and ends at its next step instead of training unwatched."""
-
-    def __init__(self, parent=None):
-        self.parent = parent
+    def __init__(self):
         self.received = []  # the signals this process received, in order
 
     @property
     def signum(self):
-        if self.received:
-            return self.received[0]
-        if self.parent is not None and os.getppid() != self.parent:
-            return signal.SIGTERM
-        return 0
+        return self.received[0] if self.received else 0
 
 
 @contextmanager
 def stop_on_signals(stop):
     """While inside: SIGINT (Ctrl-C) and SIGTERM set `stop` (each run checkpoints after its step and stops); a second
-    one raises KeyboardInterrupt at once, each run's last checkpoint kept. Not in a --jobs child, whose second
-    signal is its launcher relaying the first (Ctrl-C reaches the whole process group): there the launcher ends
-    the children at once on a second signal of its own, and a relay that comes after we are done is ignored."""
+    one raises KeyboardInterrupt at once, each run's last checkpoint kept."""
     def handle(signum, frame):
         stop.received.append(signum)
-        if len(stop.received) > 1 and stop.parent is None:
+        if len(stop.received) > 1:
             raise KeyboardInterrupt
     previous = {s: signal.signal(s, handle) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
         for s, handler in previous.items():
-            signal.signal(s, handler if stop.parent is None else signal.SIG_IGN)
+            signal.signal(s, handler)
 
 
 def run_command(main, argv, prog, stop):

@@ -1,5 +1,5 @@
 """Tests for the machinery around train.py (harness/): one-line errors for bad input, signals, full disks, run locks,
-the --jobs children, the memory pre-flight and the job's estimate. test_gla.py tests what a reader reads.
+the memory pre-flight and the job's estimate. test_gla.py tests what a reader reads.
 
 python -m pytest -q    # from the repository root, with test_gla.py
 """
@@ -50,7 +50,6 @@ def one_line_error(err):
 
 def bad_inputs(tmp_path):
     """argv -> the words the error must contain."""
-    threads = torch.get_num_threads()  # what train.py's context gives the --jobs workers to share
     (tmp_path / "empty.txt").write_bytes(b"")
     (tmp_path / "short.txt").write_bytes(b"too short for a block")
     odd = tmp_path / "odd"
@@ -103,9 +102,6 @@ def bad_inputs(tmp_path):
         ("--seed", str(2**32)): "= [0, 4294967295], got 4294967296",
         ("--seed", str(2**32 - 1), "--seeds", "2"): "= [0, 4294967294], got 4294967295",
         ("--seeds", "0"): "--seeds must be positive",
-        ("--jobs", "0"): "--jobs must be positive",
-        # More jobs than threads would leave a worker none (torch.set_num_threads(0) raises in each).
-        ("--seeds", str(threads + 1), "--jobs", str(threads + 1)): f"at most {threads} seed(s) at once",
         ("--warmup_iters", "-1"): "--warmup_iters must be zero or more",
         ("--resume", "--overwrite"): "argument --overwrite: not allowed with argument --resume",
         ("--attn", "all", "--double_heads"): "--double_heads picks one arm of a variant",
@@ -199,51 +195,6 @@ def test_metrics_without_a_checkpoint_are_never_erased_without_overwrite(tmp_pat
     assert [r["iter"] for r in metrics(out, "gqa")] == [5, 10, 15, 20]
 
 
-def children_of(pid):
-    """The pids of a process's children (Linux: /proc)."""
-    return [int(child) for child in pathlib.Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-
-
-def alive(pid):
-    """The process runs (a zombie, exited but not yet reaped, counts as gone)."""
-    try:
-        return pathlib.Path(f"/proc/{pid}/stat").read_text().split(")")[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
-def wait_until_gone(pids, seconds=60):
-    deadline = time.time() + seconds
-    while any(map(alive, pids)) and time.time() < deadline:
-        time.sleep(0.05)
-    return not any(map(alive, pids))
-
-
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the process tree from /proc")
-def test_sigterm_to_the_launcher_alone_stops_its_children_at_a_checkpoint(tmp_path, text_file):
-    """`kill` of a --jobs job (the launcher alone): it relays the signal, every child checkpoints and ends, exit 143;
-    none trains on as an orphan."""
-    out = tmp_path / "out"
-    proc = subprocess.Popen([sys.executable, "train.py", "--attn", "gqa", "--data", str(text_file), "--max_iters",
-                             "5000", "--block_size", "64", *NARROW, "--seeds", "2", "--jobs", "2",
-                             "--out_dir", str(out)], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True)
-    rows = [rdir(out, "gqa", seed) / "metrics.jsonl" for seed in (SEED, SEED + 1)]
-    deadline = time.time() + 120
-    while not all(map(has_rows, rows)) and time.time() < deadline and proc.poll() is None:
-        time.sleep(0.05)  # both children train
-    children = children_of(proc.pid)
-    assert len(children) == 2, "the children never started; the test proves nothing"
-    proc.send_signal(signal.SIGTERM)
-    err = proc.communicate(timeout=120)[1]
-    assert proc.returncode == 128 + signal.SIGTERM, err
-    assert wait_until_gone(children), "a child outlived its job"
-    stops = re.findall(r"gqa seed (\d+): interrupted at iteration (\d+)", err)
-    assert sorted(int(seed) for seed, _ in stops) == [SEED, SEED + 1] and len(err.splitlines()) == 2, err
-    for seed, at in stops:
-        assert torch.load(rdir(out, "gqa", int(seed)) / "ckpt.pt", weights_only=True)["iter"] == int(at) > 0
-
-
 class FullDisk:
     """A file on a disk that fills after `room` bytes: a write past it raises ENOSPC."""
 
@@ -316,15 +267,13 @@ def test_a_disk_without_room_for_the_runs_is_refused_before_anything_is_written(
     free = [need]
     monkeypatch.setattr(preflight.shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**12, 0, free[0]))
     out.mkdir()
-    preflight.check_disk(out, runs, 4, jobs=1)  # room enough
+    preflight.check_disk(out, runs, 4)  # room enough
     free[0] = need - 1
     with pytest.raises(stops.UsageError, match=f"{len(runs)} run"):
-        preflight.check_disk(out, runs, 4, jobs=1)
+        preflight.check_disk(out, runs, 4)
     rdir(out, "gqa").mkdir(parents=True)
     (rdir(out, "gqa") / "ckpt.pt").write_bytes(b"\0" * 1000)  # a run already there needs less
-    preflight.check_disk(out, runs, 4, jobs=1)
-    with pytest.raises(stops.UsageError):  # two --jobs children may replace their checkpoints at once
-        preflight.check_disk(out, runs, 4, jobs=2)
+    preflight.check_disk(out, runs, 4)
     shutil.rmtree(out)
     free[0] = 2**20
     assert train.cli(argv) == 2
@@ -380,110 +329,33 @@ def test_sigint_checkpoints_and_resume_gives_identical_metrics(tmp_path, text_fi
     assert strip_timing(metrics(out, "gla2")) == strip_timing(metrics(tmp_path / "ref", "gla2"))
 
 
-def test_a_signal_to_the_group_stops_every_jobs_child_at_a_checkpoint_and_resume_finishes(tmp_path, text_file):
-    """Ctrl-C on a terminal signals the whole process group, as `timeout` does with SIGTERM: each child gets it
-    itself, and once more from the launcher; each checkpoints once and says so in one line, exit 130."""
+def test_sigterm_to_the_group_checkpoints_and_resume_finishes_every_run(tmp_path, text_file):
+    """`timeout` signals the whole process group with SIGTERM, as a terminal's Ctrl-C does with SIGINT: the run in
+    training checkpoints after its step and says so in one line, exit 143; --resume finishes it and the runs after
+    it."""
     out = tmp_path / "out"
     args = ["--attn", "all", "--data", str(text_file), "--max_iters", "12", "--eval_interval", "4", *TINY,
-            "--seeds", "2", "--jobs", "2", "--out_dir", str(out)]
-    # a session of its own, so that the signal reaches the whole process group as a terminal's Ctrl-C does
+            "--out_dir", str(out)]
+    # a session of its own, so that the signal reaches the whole process group as `timeout`'s does
     proc = subprocess.Popen([sys.executable, "train.py", *args], cwd=REPO, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
-    rows = [rdir(out, "gqa", seed) / "metrics.jsonl" for seed in (SEED, SEED + 1)]
     deadline = time.time() + 120
     try:
-        while not all(map(has_rows, rows)) and time.time() < deadline and proc.poll() is None:
+        while not has_rows(rdir(out, "gqa") / "metrics.jsonl") and time.time() < deadline and proc.poll() is None:
             time.sleep(0.02)
-        os.killpg(proc.pid, signal.SIGINT)
+        os.killpg(proc.pid, signal.SIGTERM)
         err = proc.communicate(timeout=120)[1]
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 130 and "Traceback" not in err and len(err.splitlines()) == 2, err
-    stops = re.findall(r"(\w+) seed (\d+): interrupted at iteration (\d+)", err)
-    assert sorted(int(seed) for _, seed, _ in stops) == [SEED, SEED + 1], err  # each child stopped, checkpointed
-    for run, seed, at in stops:
-        ckpt = rdir(out, run, int(seed)) / "ckpt.pt"
-        assert torch.load(ckpt, weights_only=True)["iter"] == int(at) <= 12
+    stopped = re.fullmatch(r"train\.py: (\w+) seed 1337: interrupted at iteration (\d+): --resume continues\n", err)
+    assert proc.returncode == 128 + signal.SIGTERM and stopped, err
+    assert torch.load(rdir(out, stopped[1]) / "ckpt.pt", weights_only=True)["iter"] == int(stopped[2]) <= 12
     assert train.cli(args + ["--resume"]) == 0
-    for folder in out.glob("*/seed*"):
+    folders = list(out.glob("*/seed*"))
+    assert len(folders) == 2 * len(gla.VARIANTS)
+    for folder in folders:
         assert [json.loads(line)["iter"] for line in (folder / "metrics.jsonl").open()] == [4, 8, 12], folder
-
-
-def test_a_signal_while_the_jobs_children_start_ends_the_job(tmp_path, text_file):
-    """SIGTERM to the group just after 'training:', while the launcher starts its children (a child may not handle
-    signals yet, and dies of it: it has written nothing): the job ends, exit 143, and no run trains on."""
-    out = tmp_path / "out"
-    args = ["--attn", "gqa", "--data", str(text_file), "--max_iters", "2000", "--eval_interval", "1000", *TINY,
-            "--seeds", "2", "--jobs", "2", "--out_dir", str(out)]
-    proc = subprocess.Popen([sys.executable, "train.py", *args], cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    try:
-        for line in proc.stdout:
-            if line.startswith("training:"):
-                os.killpg(proc.pid, signal.SIGTERM)
-                break
-        err = proc.communicate(timeout=120)[1]
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 128 + signal.SIGTERM and "error" not in err and "Traceback" not in err, err
-    for ckpt in out.glob("gqa/seed*/ckpt.pt"):
-        assert torch.load(ckpt, weights_only=True)["iter"] < 2000
-
-
-def lock_is_free(folder):
-    """Nobody holds the run folder's lock: we can take it."""
-    import fcntl
-    with open(folder / ".lock", "a+") as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return False
-        fcntl.flock(f, fcntl.LOCK_UN)
-    return True
-
-
-@pytest.mark.parametrize("victim", ["child", "launcher"])
-def test_a_killed_jobs_process_ends_the_job_and_resume_is_exact(tmp_path, text_file, victim):
-    """kill -9 of a --jobs child (the OOM killer, say): the launcher stops the other, which checkpoints, and one line
-    names the dead child's seed, exit 1. kill -9 of the launcher: each child stops at its next step, checkpointed
-    (nothing trains unwatched). Either way: no process left, no lock held, every checkpoint loads, --resume is
-    exact."""
-    args = ["--attn", "gqa", "--data", str(text_file), "--max_iters", "400", "--eval_interval", "10",
-            "--ckpt_interval", "10", *TINY, "--seeds", "2", "--jobs", "2"]
-    assert train.cli([*args, "--out_dir", str(tmp_path / "ref")]) == 0
-    out = tmp_path / "out"
-    proc = subprocess.Popen([sys.executable, "train.py", *args, "--out_dir", str(out)], cwd=REPO,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    rows = [rdir(out, "gqa", seed) / "metrics.jsonl" for seed in (SEED, SEED + 1)]
-    deadline = time.time() + 120
-    try:
-        while not all(map(has_rows, rows)) and time.time() < deadline and proc.poll() is None:
-            time.sleep(0.02)
-        children = children_of(proc.pid)
-        assert len(children) == 2, "the children never started; the test proves nothing"
-        os.kill(children[0] if victim == "child" else proc.pid, signal.SIGKILL)
-        err = proc.communicate(timeout=120)[1]  # the children hold its stderr: it ends when they have
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    if victim == "child":
-        assert proc.returncode == 1 and one_line_error(err), err
-        assert re.search(r"the process training seed 133[78] was killed by SIGKILL", err), err
-    else:
-        assert proc.returncode == -signal.SIGKILL
-        assert len(re.findall(r"gqa seed 133[78]: interrupted at iteration \d+", err)) == 2, err
-    assert wait_until_gone(children), "a child outlived the job"
-    for seed in (SEED, SEED + 1):
-        folder = rdir(out, "gqa", seed)
-        assert lock_is_free(folder)
-        if (folder / "ckpt.pt").exists():
-            assert 0 < torch.load(folder / "ckpt.pt", weights_only=True)["iter"] < 400  # whole, and not finished
-    assert train.cli([*args, "--out_dir", str(out), "--resume"]) == 0
-    for seed in (SEED, SEED + 1):
-        assert strip_timing(metrics(out, "gqa", seed)) == strip_timing(metrics(tmp_path / "ref", "gqa", seed))
 
 
 def test_resume_refuses_a_different_setup(tmp_path, text_file, capsys):
@@ -614,7 +486,7 @@ def test_a_run_that_cannot_fit_in_memory_is_refused_before_building(tmp_path, te
     args = train.get_args(tiny)
     gpu = context.Context(torch.device("cuda"), torch.float32)
     with pytest.raises(stops.UsageError, match="--grad_accum 4 "):
-        train.check_memory(args, [train.model_config(args, "gqa", False)], gpu, 1)
+        train.check_memory(args, [train.model_config(args, "gqa", False)], gpu)
     monkeypatch.setattr(memory, "device_memory", lambda device: 2 * eight)  # room for one process, not four
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")  # as torchrun --nproc_per_node=4 on this host (gloo)
     assert train.cli([*argv, "--out_dir", str(tmp_path / "four")]) == 2
@@ -748,7 +620,7 @@ def test_training_flops_per_token_counts_parameters_and_attention():
 
 def test_the_estimate_counts_what_each_run_has_left_at_the_measured_rate(monkeypatch):
     """The rate counts from the end of the first step (it compiles and warms up); a resumed run counts only its steps
-    left (and their evaluations); a --jobs child that reports for the job counts its plan once per round."""
+    left (and their evaluations); a process that does not report (torchrun's ranks but 0) prints nothing."""
     clock = FakeClock()
     monkeypatch.setattr(progress.time, "time", clock)
     config = gla.make_config("tiny", "gqa", n_embd=64, head_dim=16)
@@ -756,25 +628,20 @@ def test_the_estimate_counts_what_each_run_has_left_at_the_measured_rate(monkeyp
     resumed = progress.plan_run("gqa seed 2", config, 30, 4, 25, 2, 100)
     assert (fresh.evals, resumed.evals) == (4, 2)  # 25, 50, 75, 100; and 75, 100 of a run resumed at 70
     assert fresh.eval_flops == pytest.approx(fresh.step_flops / 3 * 2)  # a forward of eval_iters batches
-    lines = {}
-    for rounds in (1, 3):
-        job = progress.JobProgress([fresh, resumed], tokens_per_step=4 * 128, rounds=rounds, bars=False)
-        job.begin_run()
-        lines[rounds] = []
-        for k in range(11):  # a step every two seconds
-            job.stepped()
-            clock.now += 2
-            job.tick(lines[rounds].append)
-        rate = 10 * fresh.step_flops / 22  # 10 steps in the 22 s since the first ended
-        assert job.rates()[0] == pytest.approx(rate)
-        left = (fresh.flops + resumed.flops - 11 * fresh.step_flops) / rate
-        assert job.seconds_left(rate) == pytest.approx(left + (rounds - 1) * (fresh.flops + resumed.flops) / rate)
-        assert len(lines[rounds]) == 1
-    # printed once the rate is trusted: 3 steps of 512 tokens in the 8 s since the first step ended
-    assert lines[1][0].startswith("estimate: 2 run(s) of 30/100 steps, 66,560 tokens at 192 tokens/s on this "
-                                  "machine: about"), lines[1][0]
-    assert "3 times over for the job's --jobs processes" in lines[3][0]
-    quiet = progress.JobProgress([fresh], 4 * 128, rounds=0)  # another child reports
+    job = progress.JobProgress([fresh, resumed], tokens_per_step=4 * 128)
+    job.begin_run()
+    lines = []
+    for k in range(11):  # a step every two seconds
+        job.stepped()
+        clock.now += 2
+        job.tick(lines.append)
+    rate = 10 * fresh.step_flops / 22  # 10 steps in the 22 s since the first ended
+    assert job.rates()[0] == pytest.approx(rate)
+    assert job.seconds_left(rate) == pytest.approx((fresh.flops + resumed.flops - 11 * fresh.step_flops) / rate)
+    # printed once, when the rate is trusted: 3 steps of 512 tokens in the 8 s since the first step ended
+    assert len(lines) == 1 and lines[0].startswith("estimate: 2 run(s) of 30/100 steps, 66,560 tokens at 192 "
+                                                   "tokens/s on this machine: about"), lines
+    quiet = progress.JobProgress([fresh], 4 * 128, report=False)
     quiet.begin_run()
     for k in range(11):
         quiet.stepped()

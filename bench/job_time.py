@@ -1,4 +1,4 @@
-"""How long a train.py job takes on this CPU, predicted in about half a minute: this core's one-thread float32 matmul
+"""How long a train.py job takes on this CPU, predicted in about ten seconds: this core's one-thread float32 matmul
 GFLOP/s, then a few timed training steps of each of the job's models on all the threads torch has, as train.py trains
 them, summed over the job's plan.
 

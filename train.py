@@ -200,7 +200,7 @@ def train_step(model, x, y, args, ctx):
         with ctx.autocast(), sync:
             _, loss = model(xb, yb)
             (loss / args.grad_accum).backward()
-        total += loss.detach().double() / args.grad_accum  # float64, as Python's floats added it up before
+        total += loss.detach().double() / args.grad_accum  # float64: no float32 rounding in the step's sum
     return total
 
 
@@ -253,7 +253,7 @@ def train_run(args, variant, double_heads, data, ctx, stop, job, log):
         ckpt = checkpoints.load_checkpoint(run.ckpt_path, spec)
         checkpoints.load_state(model, ckpt["model"], f"cannot resume {run.ckpt_path}")
         try:
-            optimizer.load_state_dict(ckpt["optimizer"])  # its saved `fused` flag wins: an old run goes on unchanged
+            optimizer.load_state_dict(ckpt["optimizer"])  # the saved state, its `fused` flag included
         except (ValueError, KeyError, TypeError) as e:
             raise UsageError(f"cannot resume {run.ckpt_path}: its optimizer state does not fit ({e}); use "
                              "--overwrite to start over") from None

@@ -1,1 +1,1 @@
-"""The measuring sticks: each script's docstring gives its command. train.py imports memory for its pre-flight."""
+"""The measuring sticks: each script's docstring gives its command. Nothing in the product imports bench/."""

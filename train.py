@@ -397,10 +397,10 @@ def plan_run(args, variant, double_heads, seed):
                              args.batch_size, args.eval_interval, args.eval_iters, args.max_iters)
 
 
-def train_runs(args, data, ctx, stop, log):
+def train_runs(args, block_size, data, ctx, stop, log):
     """Train every run, seed by seed, in this process, reporting the job's progress."""
     runs = runs_of(args)
-    tokens_per_step = args.batch_size * model_config(args, *models_of(args)[0]).block_size  # one block_size for all
+    tokens_per_step = args.batch_size * block_size
     job = progress.JobProgress([plan_run(args, *run) for run in runs], tokens_per_step, report=ctx.master)
     try:
         for variant, double_heads, seed in runs:
@@ -433,7 +433,7 @@ def main(argv=None, stop=None):
         log(f"data: {data.source}, {data.n_tokens['train']:,} train / {data.n_tokens['val']:,} val tokens, "
             f"sha256 {data.fingerprint}; {ctx.world_size} process(es) on {ctx.device}, {args.dtype or ctx.dtype}")
         log(f"training: {passes}, windows of {block_size} tokens drawn without replacement")
-        train_runs(args, data, ctx, stop, log)
+        train_runs(args, block_size, data, ctx, stop, log)
 
     if ctx.master:
         for folder, _ in runs:

@@ -788,7 +788,8 @@ def test_decode_bench_prints_machine_and_tables_without_transformers(monkeypatch
     assert "tiny, double heads," in out and heads == [2 * gla.make_config("tiny", "gla2").n_head]
     assert re.search(r"^\| gla2 \| 2 \| \d+ \| - \| - \|$", out, re.M)  # ours only: no HF columns
     assert re.search(r"^\| gla2 \| \d+\.\d\d \| \d+\.\d\d \| \d+\.\d \|$", out, re.M)  # step vs full forward
-    for bad, match in [(["--context_len", "1"], "--context_len must be >= 2"), (["--variants", "gla0"], "GLA-0")]:
+    for bad, match in [(["--context_len", "1"], "--context_len must be >= 2"), (["--variants", "gla0"], "GLA-0"),
+                       (["--long_tokens", "0"], "--long_tokens must be >= 1")]:
         with pytest.raises(SystemExit):
             decode_cpu.main(bad)
         assert match in capsys.readouterr().err
@@ -1397,6 +1398,15 @@ def test_decode_speed_counts_the_bytes_and_flops_of_a_step(variant, double_heads
     assert step[1] - base[1] == 2 * B * Lq * Hq * (S - 1) * dims
 
 
+@pytest.mark.parametrize("variant", gla.VARIANTS)
+def test_decode_speed_times_the_products_of_every_design(variant):
+    """products_seconds builds each design's score and P @ V products from its cache shapes: a shape that does not
+    multiply fails here."""
+    from bench import decode_speed
+    config = decode_speed.layer_config(variant, True, 2)
+    assert decode_speed.products_seconds(config, 2, 16, 1, torch.float32, time.perf_counter) > 0
+
+
 def test_decode_speed_floor_is_the_higher_roof():
     from bench import decode_speed
     assert decode_speed.floor_seconds(300, 100, bandwidth=10, peak=50) == (30, "memory")
@@ -1407,7 +1417,7 @@ def test_decode_speed_command_prints_rows_and_draws(tmp_path, capsys):
     from bench import decode_speed
     png, threads = tmp_path / "speed.png", torch.get_num_threads()
     try:
-        decode_speed.main(["--variants", "gla2", "--heads", "double", "--batch", "2", "--lq", "2", "--min_tokens",
+        decode_speed.main(["--variants", "gla2", "--heads", "double", "--batch", "2", "--lq", "1", "2", "--min_tokens",
                            "8", "--max_tokens", "16", "--repeats", "1", "--threads", "1", "--tp", "2", "--clock", "cpu",
                            "--output", str(png)])
     finally:
@@ -1419,6 +1429,8 @@ def test_decode_speed_command_prints_rows_and_draws(tmp_path, capsys):
         mb = 2 * (S - 1) * 320 * 4 / 1e6
         assert re.search(rf"^\| GLA-2 x2 heads \| 24 \| 2 \| 2 \| {S} \| {number} \| {number} (memory|compute) \| "
                          rf"-?\d+% \| {number} \| {mb:.0f} \| ", out, re.M), out
+    for S in (8, 16):  # the products alone, at Lq 1 only
+        assert re.search(rf"^\| GLA-2 x2 heads \| 2 \| {S} \| {number} \| {number} \| {number} \| \d+% \|$", out, re.M)
     assert png.read_bytes()[:8] == PNG_MAGIC
     with pytest.raises(SystemExit):
         decode_speed.main(["--min_tokens", "64", "--max_tokens", "32"])

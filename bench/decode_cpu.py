@@ -1,12 +1,19 @@
-"""Decoding speed on this CPU: our GPT.generate against HF transformers' generate at equal dims, and one cached
-decode step against recomputing the full forward.
+"""Decoding speed on this CPU: our GPT.generate against HF transformers' generate at equal dims, one cached
+decode step against recomputing the full forward, and one decode step against HF's at long context.
 
 Greedy generation tokens/s (B x new tokens / median seconds of interleaved runs, prefill included) of ours
 (eager, and compiled with --compile) and of HF's model at equal dims (bench/common.hf_twin: Llama for GQA, a dense
 DeepSeek-V3 for MLA and GLA-2; skipped without transformers); then, at --context_len tokens, the cost of the next
 token through the cache against a full forward. float32.
 
+Then, at --long_tokens cached tokens (8K-32K), one decode step of one layer at the paper preset's dims (as
+bench/decode_speed.py cuts it) against the same step of its HF twin, batch 1, both caches filled with random values
+of the shapes each keeps (ours: the cache of gla.GPTConfig.kv_cache_shapes; HF: whatever its DynamicCache holds after
+a step, read from one). HF's cache grows by torch.cat at each step, as in its generate; it is cut back to S between
+calls, so every call does the same work.
+
     python bench/decode_cpu.py [--variants gqa mla gla2] [--double_heads] [--batch_sizes 1 8] [--compile] [--threads 1]
+        [--long_tokens 8192 16384 32768]
 """
 import argparse
 import pathlib
@@ -18,7 +25,8 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # the repo
 import torch  # noqa: E402
 
 import gla  # noqa: E402
-from bench.common import hf_twin, machine, time_interleaved  # noqa: E402
+from bench.common import hf_twin, import_transformers, machine, time_interleaved  # noqa: E402
+from bench.decode_speed import layer_config  # noqa: E402
 
 CALLS = 10  # calls per timed run of a single decode step or forward (milliseconds each)
 
@@ -35,12 +43,15 @@ def main(argv=None):
     p.add_argument("--repeats", type=int, default=5, help="interleaved timed runs per contender")
     p.add_argument("--compile", action="store_true", help="also time steps through torch.compile")
     p.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
+    p.add_argument("--long_tokens", type=int, nargs="*", default=[8192, 16384, 32768],
+                   help="cached tokens of the paper-dims step against HF's (none: skip it)")
     args = p.parse_args(argv)
     for name, least in (("prompt_len", 1), ("new_tokens", 1), ("context_len", 2), ("repeats", 1)):
         if getattr(args, name) < least:
             p.error(f"--{name} must be >= {least}, got {getattr(args, name)}")
-    if min(args.batch_sizes) < 1 or (args.threads is not None and args.threads < 1):
-        p.error("--batch_sizes and --threads must be >= 1")
+    too_small = min(args.batch_sizes) < 1 or min(args.long_tokens, default=1) < 1
+    if too_small or (args.threads is not None and args.threads < 1):
+        p.error("--batch_sizes, --threads and --long_tokens must be >= 1")
     try:
         configs = {v: gla.make_config(args.preset, v, args.double_heads, block_size=args.prompt_len + args.new_tokens)
                    for v in args.variants}
@@ -98,6 +109,52 @@ def main(argv=None):
                 "recompute": lambda: [model(idx) for _ in range(CALLS)]}, args.repeats)
         step, full = (statistics.median(times[n]) / CALLS for n in ("cached", "recompute"))
         print(f"| {variant} | {step * 1e3:.2f} | {full * 1e3:.2f} | {full / step:.1f} |", flush=True)
+
+    if args.long_tokens and not hf_missing:
+        print(f"\nOne decode step of one layer at paper dims{heads}, B=1, S cached tokens: ours against HF's "
+              f"(median of {args.repeats} interleaved calls); the MB each cache holds at S:\n")
+        print("| variant | heads | S | ours ms | HF ms | HF / ours | ours cache MB | HF cache MB |")
+        print("|---" * 8 + "|")
+        for variant in args.variants:
+            long_context_rows(variant, layer_config(variant, args.double_heads), args.long_tokens, args.repeats)
+
+
+def long_context_rows(variant, config, seqlens, repeats):
+    """Print one table row per S in seqlens: the median seconds of GPT.decode of one token after S cached, and of its
+    HF twin's forward of one token after S in its DynamicCache, interleaved, with the bytes of each cache."""
+    torch.manual_seed(0)
+    model = gla.GPT(config).eval()
+    hf = hf_twin(config).eval()
+    idx = torch.randint(config.vocab_size, (1, 1))
+    probe = import_transformers().DynamicCache()
+    with torch.no_grad():  # one step from an empty cache: the tensors HF keeps per layer, and their shapes
+        hf(input_ids=idx, cache=probe, use_cache=True)
+    held = probe.layers[0]
+    for S in seqlens:
+        model.setup_cache(1, S + 1)
+        cache = model.blocks[0].attn.cache
+        cache.k_cache.normal_()  # random, not zeros: zeroed pages could be read for free
+        cache.v_cache.normal_()
+        lengths = torch.full((1,), S, dtype=torch.int32)
+        hf_cache = import_transformers().DynamicCache()
+        hf_cache.update(torch.randn(*held.keys.shape[:2], S, held.keys.shape[3]),
+                        torch.randn(*held.values.shape[:2], S, held.values.shape[3]), 0)
+        position = torch.full((1, 1), S)
+
+        def ours():
+            model.decode(idx, lengths, max_seqlen=S + 1)
+
+        def theirs():
+            hf(input_ids=idx, cache=hf_cache, position_ids=position, use_cache=True)
+            hf_cache.crop(-1)  # back to S cached tokens
+
+        with torch.no_grad():
+            times = time_interleaved({"ours": ours, "HF": theirs}, repeats)
+        mine, hfs = statistics.median(times["ours"]), statistics.median(times["HF"])
+        ours_mb = (cache.k_cache[:, :, :S].nbytes + cache.v_cache[:, :, :S].nbytes) / 1e6
+        hf_mb = sum(t.nbytes for t in (hf_cache.layers[0].keys, hf_cache.layers[0].values)) / 1e6
+        print(f"| {variant} | {config.n_head} | {S} | {mine * 1e3:.1f} | {hfs * 1e3:.1f} | {hfs / mine:.1f} | "
+              f"{ours_mb:.0f} | {hf_mb:.0f} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -10,10 +10,12 @@ tokens, so each row gives the whole step and the cache's part of it: the step at
 Per row: milliseconds (median of --repeats interleaved calls), bytes read, FLOPs, FLOP/byte, the floor
 max(bytes / bandwidth, FLOPs / peak) and the fraction of it reached. The roofs: the read bandwidth of a sum over a
 buffer as large as what the row reads (its cache, or weights and cache), and the matmul peak (float32 1024^3 on a
-CPU, bf16 8192^3 on a GPU) at the threads used. --tp 2 times one rank's shard (gla.tp_share: its heads, its share of
-the cache), as a rank of a tensor-parallel decode runs it, without the all-reduce. --clock cpu times this process's
-CPU seconds instead of wall time (one thread): on a machine shared with other work, the time on a core. Writes the
-figure (the cache's part against S, one line per model, its floor dashed) to --output.
+CPU, bf16 8192^3 on a GPU) at the threads used. On a CPU a last table times the attention's matrix products alone at
+the two largest lengths: what torch's GEMMs give at a decode step's few rows, against the floor. --tp 2 times one
+rank's shard (gla.tp_share: its heads, its share of the cache), as a rank of a tensor-parallel decode runs it, without
+the all-reduce. --clock cpu times this process's CPU seconds instead of wall time (one thread): on a machine shared
+with other work, the time on a core. Writes the figure (the cache's part against S, one line per model, its floor
+dashed) to --output.
 
     python bench/decode_speed.py [--threads 1] [--clock cpu] [--batch 1 8] [--lq 1 2] [--max_tokens 32768]
         [--repeats 5] [--tp 2] [--variants gqa mla gla2] [--output assets/decode_speed.png]
@@ -114,12 +116,26 @@ class Roofs:
             self.memo[key] = part.numel() * 4 / min(self._time(part.sum) for _ in range(self.repeats))
         return self.memo[key]
 
-    def rows_flops(self, rows, dim, seqlen, dtype):
-        """FLOP/s of the product a group's rows make with its cache: (rows, dim) @ (dim, seqlen), the cache's (seqlen,
-        dim) matrix read transposed, as the scores are. The peak assumes rows in the hundreds; a decode step has few."""
-        q, cache = torch.randn(rows, dim, dtype=dtype, device=self.device), self.buffer[:seqlen * dim]
-        cache = cache.view(seqlen, dim).to(dtype)
-        return 2 * rows * dim * seqlen / min(self._time(lambda: q @ cache.T) for _ in range(self.repeats))
+
+def products_seconds(config, B, S, repeats, dtype, clock):
+    """Seconds of the matrix products alone of one decode attention call on a CPU (Lq 1; no softmax, no mask): the
+    scores, each product in the faster of two orientations (q @ K^T: a group's rows against the cache; K @ q^T: the
+    cache as the tall operand), then P @ V. GQA: each KV head's G query heads against its keys, then its values; MLA /
+    GLA: all query heads against the rope key, each group against its latent, then P against the latent. The floor
+    assumes the matmul peak's rate; this is what torch's GEMMs give at a decode step's few rows."""
+    (Hk, Dk), (Hkv, Dv) = config.kv_cache_shapes
+    G = config.n_head // Hkv
+    scores = [(Hk, config.n_head // Hk, Dk)]  # (heads, rows, dim): the keys (GQA) or the shared rope key
+    if config.attn != "gqa":
+        scores.append((Hkv, G, Dv))  # each group against its latent head
+    seconds = 0.0
+    for heads, rows, dim in scores:
+        q, k = torch.randn(B, heads, rows, dim, dtype=dtype), torch.randn(B, heads, S, dim, dtype=dtype)
+        times = time_interleaved({"wide": lambda: q @ k.transpose(2, 3), "tall": lambda: k @ q.transpose(2, 3)},
+                                 repeats, clock=clock)
+        seconds += min(statistics.median(t) for t in times.values())
+    p, v = torch.randn(B, Hkv, G, S, dtype=dtype), torch.randn(B, Hkv, S, Dv, dtype=dtype)
+    return seconds + statistics.median(time_interleaved({"pv": lambda: p @ v}, repeats, clock=clock)["pv"])
 
 
 # ---- The measurement -------------------------------------------------------------------------------------------------
@@ -277,12 +293,19 @@ def main(argv=None):
     rows = measure_rows(models, args.batch, args.lq, seqlens, args.repeats, args.tp, device, dtype, roofs)
     print("\nread bandwidth by size: " + ", ".join(f"{n / 1e6:g} MB {b / 1e9:.1f} GB/s"
                                                    for n, b in sorted(roofs.memo.items())))
-    print("\nThe matmul peak assumes many rows; a decode step's product has a group's query heads x Lq (GQA 4 per KV "
-          "head, MLA 24, GLA-2 12 per latent head; twice that with double heads or Lq 2), against 16K cached tokens:")
-    print("| rows | dim | GFLOP/s | of peak |\n|---|---|---|---|")
-    for n_rows, dim in ((4, 128), (8, 128), (12, 256), (24, 256), (24, 512), (48, 512), (96, 512)):
-        rate = roofs.rows_flops(n_rows, dim, 16384, dtype)
-        print(f"| {n_rows} | {dim} | {rate / 1e9:.0f} | {rate / roofs.peak:.0%} |")
+    if device.type == "cpu" and 1 in args.lq:
+        print("\nWhy the floors are out of reach on a CPU: the attention's matrix products alone (products_seconds: "
+              "scores and P @ V, each in its faster orientation, no softmax) against the cache's part of the step "
+              "and its floor, Lq 1:\n")
+        print("| model | B | S | products ms | cache part ms | cache floor ms | floor / products |")
+        print("|---" * 7 + "|")
+        for r in rows:
+            if r["Lq"] == 1 and r["S"] in seqlens[-2:]:
+                config = layer_config(r["variant"], r["double_heads"], args.tp)
+                ms = products_seconds(config, r["B"], r["S"], args.repeats, dtype, roofs.clock) * 1e3
+                print(f"| {model_label(r['variant'], r['double_heads'])} | {r['B']} | {r['S']} | {ms:.1f} | "
+                      f"{r['cache_ms']:.1f} | {r['cache_floor_ms']:.1f} | {r['cache_floor_ms'] / ms:.0%} |",
+                      flush=True)
     title = (f"One layer's decode step at paper dims: the cache's part against its roofline floor\n{where}{tp}; "
              f"matmul peak {roofs.peak / 1e9:.0f} GFLOP/s, read bandwidth measured at each size")
     os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)

@@ -295,7 +295,7 @@ def main(argv=None):
                                                    for n, b in sorted(roofs.memo.items())))
     if device.type == "cpu" and 1 in args.lq:
         print("\nWhy the floors are out of reach on a CPU: the attention's matrix products alone (products_seconds: "
-              "scores and P @ V, each in its faster orientation, no softmax) against the cache's part of the step "
+              "the scores, each in its faster orientation, and P @ V; no softmax) against the cache's part of the step "
               "and its floor, Lq 1:\n")
         print("| model | B | S | products ms | cache part ms | cache floor ms | floor / products |")
         print("|---" * 7 + "|")

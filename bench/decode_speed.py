@@ -294,9 +294,9 @@ def main(argv=None):
     print("\nread bandwidth by size: " + ", ".join(f"{n / 1e6:g} MB {b / 1e9:.1f} GB/s"
                                                    for n, b in sorted(roofs.memo.items())))
     if device.type == "cpu" and 1 in args.lq:
-        print("\nWhy the floors are out of reach on a CPU: the attention's matrix products alone (products_seconds: "
-              "the scores, each in its faster orientation, and P @ V; no softmax) against the cache's part of the step "
-              "and its floor, Lq 1:\n")
+        print("\nThe attention's matrix products alone at the step's few rows (products_seconds: the scores, each in "
+              "its faster orientation, and P @ V; no softmax) against the cache's part of the step and its floor, "
+              "Lq 1:\n")
         print("| model | B | S | products ms | cache part ms | cache floor ms | floor / products |")
         print("|---" * 7 + "|")
         for r in rows:

@@ -26,7 +26,7 @@ import torch  # noqa: E402
 
 import gla  # noqa: E402
 from bench.common import hf_twin, import_transformers, machine, time_interleaved  # noqa: E402
-from bench.decode_speed import layer_config  # noqa: E402
+from bench.decode_speed import layer_config, random_cache  # noqa: E402
 
 CALLS = 10  # calls per timed run of a single decode step or forward (milliseconds each)
 
@@ -131,10 +131,7 @@ def long_context_rows(variant, config, seqlens, repeats):
         hf(input_ids=idx, cache=probe, use_cache=True)
     held = probe.layers[0]
     for S in seqlens:
-        model.setup_cache(1, S + 1)
-        cache = model.blocks[0].attn.cache
-        cache.k_cache.normal_()  # random, not zeros: zeroed pages could be read for free
-        cache.v_cache.normal_()
+        cache = random_cache(model, 1, S + 1)
         lengths = torch.full((1,), S, dtype=torch.int32)
         hf_cache = import_transformers().DynamicCache()
         hf_cache.update(torch.randn(*held.keys.shape[:2], S, held.keys.shape[3]),

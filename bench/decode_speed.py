@@ -139,15 +139,22 @@ def products_seconds(config, B, S, repeats, dtype, clock):
 
 
 # ---- The measurement -------------------------------------------------------------------------------------------------
+def random_cache(model, B, max_seq_len):
+    """Set up model's cache (one layer) for B sequences of max_seq_len tokens, filled with random values, not zeros:
+    zeroed pages could be read for free. Returns the layer's KVCache."""
+    model.setup_cache(B, max_seq_len)
+    cache = model.blocks[0].attn.cache
+    cache.k_cache.normal_()
+    cache.v_cache.normal_()
+    return cache
+
+
 def time_steps(config, B, Lq, seqlens, repeats, device, dtype, clock):
     """{S: median seconds of GPT.decode of Lq tokens after S cached, in each of B sequences} for S in seqlens, the
     calls interleaved (each rewrites the same Lq cache slots: the same work every call). The cache is filled with
     random values first: zeroed pages could be read for free."""
     model = gla.GPT(config).to(device=device, dtype=dtype).eval()
-    model.setup_cache(B, max(seqlens) + Lq)
-    cache = model.blocks[0].attn.cache
-    cache.k_cache.normal_()
-    cache.v_cache.normal_()
+    cache = random_cache(model, B, max(seqlens) + Lq)
     idx = torch.randint(config.vocab_size, (B, Lq), device=device)
 
     def step(S):

@@ -1853,8 +1853,8 @@ def test_token_vocabularies_plot_in_nats_per_token_and_bytes_in_nats_per_byte(tm
 
 def test_dl_vs_lr_reads_the_notebooks_tables_and_agrees_with_the_p1_figure(tmp_path, capsys):
     """bench/dl_vs_lr.py: four seeds at each rate, seed 1337 at lr 8e-3 from the Xeon (the machine of the other
-    three and of README's P1 figure), whose final dL per seed are the figure's CSV's to the 4 digits the notebook
-    prints; and dL falls from lr 2e-3 to 8e-3 in all 12 seed x variant pairs."""
+    three), whose final dL per seed are those of the Xeon's P1 figure (assets/double_heads_P1_xeon.csv) to the 4
+    digits the notebook prints; and dL falls from lr 2e-3 to 8e-3 in all 12 seed x variant pairs."""
     from bench import dl_vs_lr
 
     rows = dl_vs_lr.read_sweeps()
@@ -1862,7 +1862,7 @@ def test_dl_vs_lr_reads_the_notebooks_tables_and_agrees_with_the_p1_figure(tmp_p
     assert all([r["seeds"] for r in seeds] == ["1337", "1338", "1339", "1340"] for seeds in points.values())
     assert {r["machine"] for r in points[8e-3]} == {"Xeon"}
     final = {}
-    for r in csv_rows(pathlib.Path(plot.__file__).parent / "assets" / "double_heads_P1.csv"):
+    for r in csv_rows(pathlib.Path(plot.__file__).parent / "assets" / "double_heads_P1_xeon.csv"):
         final[r["variant"]] = r  # the last row of each variant: its final evaluation
     for label, column in dl_vs_lr.VARIANT_COLUMNS.items():
         for r in points[8e-3]:

@@ -7,7 +7,8 @@ setting and seed, or per setting and seed pair for tiny), draws the figure and p
 Each point is the mean final dL over the seeds measured at that rate, with its 95% t interval (t with n - 1 degrees
 of freedom); each seed is a small marker (circle: the AMD EPYC guest, triangle: the Intel Xeon). A seed measured on
 both machines at one rate (seed 1337 at lr 8e-3) counts once, from the machine that ran the most seeds there (the
-Xeon, whose four seeds are README's P1 figure). Only measured values are plotted.
+Xeon, whose four seeds are assets/double_heads_P1_xeon.csv: README's P1 figure before the width rule made the arms
+equal in parameters). Only measured values are plotted.
 
 The baselines' mean final loss of a setting, which a rule blind to dL compares, follows from the tables: the six
 runs' mean is (sum of the three baselines + sum of the three doubled models) / 6, and each doubled model's loss is its

@@ -282,7 +282,6 @@ def train_run(args, variant, double_heads, data, ctx, stop, job, log):
     bar = tqdm(total=args.max_iters, initial=step, desc=name, disable=None if ctx.master else True,
                leave=False, dynamic_ncols=True)
     started = time.time() - elapsed
-    last_log = time.time()
     try:
         while step < args.max_iters:
             # One optimizer step.
@@ -314,9 +313,6 @@ def train_run(args, variant, double_heads, data, ctx, stop, job, log):
             tokens_per_s = step * tokens_per_step / (time.time() - started)
             bar.update(1)
             bar.set_postfix(loss=f"{step_loss:.3f}", tok_s=f"{tokens_per_s:.0f}")
-            if bar.disable and time.time() - last_log > 60:  # no terminal, no bar: a line a minute
-                last_log = time.time()
-                log(f"{name} iter {step}/{args.max_iters}: loss {step_loss:.4f}, {tokens_per_s:.0f} tokens/s")
 
             if step % args.eval_interval == 0 or step == args.max_iters:
                 val_loss = evaluate(model, data, args, ctx, config.block_size)

@@ -5,7 +5,8 @@ them, summed over the job's plan.
 Without flags it predicts the main job, `python train.py --attn all`; any train.py flag changes the job (e.g.
 --seeds 4). The job's plan is train.py's: its defaults per preset, its runs trained in turn, seed by seed, in one
 process. A run's time is its FLOPs (harness/progress.plan_run: its steps and evaluations, training_flops_per_token)
-at the FLOP rate its model's timed steps reached. Process start, data loading and checkpoints are left out (a few seconds a run).
+at the FLOP rate its model's timed steps reached. Process start, data loading and checkpoints are left out (a few
+seconds a run).
 
     python bench/job_time.py [--steps 3] [train.py flags]
 """

@@ -126,14 +126,15 @@ def long_context_rows(variant, config, seqlens, repeats):
     model = gla.GPT(config).eval()
     hf = hf_twin(config).eval()
     idx = torch.randint(config.vocab_size, (1, 1))
-    probe = import_transformers().DynamicCache()
+    DynamicCache = import_transformers().DynamicCache
+    probe = DynamicCache()
     with torch.no_grad():  # one step from an empty cache: the tensors HF keeps per layer, and their shapes
         hf(input_ids=idx, cache=probe, use_cache=True)
     held = probe.layers[0]
     for S in seqlens:
         cache = random_cache(model, 1, S + 1)
         lengths = torch.full((1,), S, dtype=torch.int32)
-        hf_cache = import_transformers().DynamicCache()
+        hf_cache = DynamicCache()
         hf_cache.update(torch.randn(*held.keys.shape[:2], S, held.keys.shape[3]),
                         torch.randn(*held.values.shape[:2], S, held.values.shape[3]), 0)
         position = torch.full((1, 1), S)

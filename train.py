@@ -1,5 +1,5 @@
 """
-Train the double-heads ablation: one of its models, or all six.
+Train the double-heads ablation, one of its models or all six; sample text from a trained run.
 
     python train.py --attn gla2 --double_heads        # one model (two seeds on the tiny preset), CPU ok
     python train.py --attn all                        # the six models of the ablation
@@ -9,34 +9,38 @@ Train the double-heads ablation: one of its models, or all six.
 
 The ablation (Liu et al., "Multi-Head Low-Rank Attention", ICLR 2026, arXiv 2603.02188) trains GQA, MLA and GLA-2
 twice each: as they are (the baseline) and with their query heads doubled at equal parameters and KV cache
-(gla.make_config). Each model trains for seeds --seed, --seed + 1, ...; a seed's runs see the same batches and
-validation batches, so plot.py's seed-by-seed difference cancels the data's noise.
+(gla.make_config). Each model trains for seeds --seed, --seed + 1, ...; the two runs of a seed see the same batches
+and the same validation batches, so plot.py's seed-by-seed difference cancels the data's noise.
 
-Read top to bottom: the flags, the runs, the batch, the schedule and the optimizer, one step, evaluation, the loop
-with its checkpoints, and main. What keeps long runs safe and lets them fit (signals, the run lock, disk and memory
-checks, atomic writes, big-corpus formats, sampling) lives in harness/, which a first reader may skip. Each run
-writes <out_dir>/<run>/seed<seed>/: config.json, metrics.jsonl (one evaluation a line), ckpt.pt.
+Read top to bottom: the flags, the data and its batches, where we compute, the schedule and the optimizer, one step
+and evaluation, the run files, the loop of one run, sampling, and main. Each run writes <out_dir>/<run>/seed<seed>/:
+config.json (what the run is), metrics.jsonl (one evaluation a line) and ckpt.pt (what an exact resume needs).
 """
 
 import argparse
+import ast
+import dataclasses
 import functools
+import hashlib
+import json
 import math
 import os
 import pathlib
+import platform
+import random
+import signal
 import sys
+import sysconfig
 import time
-from contextlib import ExitStack
+from contextlib import ExitStack, nullcontext
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
 import gla
-from harness import checkpoints, memory, preflight, progress, sampling
-from harness.context import leave_process_group, setup_context
-from harness.files import check_out_dir
-from harness.stops import ArgumentParser, Interrupted, RunError, StopFlag, UsageError, run_command, stop_on_signals
 
 # ----------------------------------------------------------------------------
 # The flags
@@ -61,10 +65,29 @@ MODEL_FLAGS = {
     "n_kv_head": "GQA KV heads (default: baseline n_head / 4)",
     "kv_lora_rank": "MLA/GLA latent, all latent heads together (default: 4 head_dim)",
 }
+# The flags that define a run besides its model: a resume under other values is refused.
+TRAIN_SPEC = ("preset", "max_iters", "batch_size", "grad_accum", "learning_rate", "warmup_iters", "weight_decay",
+              "grad_clip", "eval_interval", "eval_iters", "seed", "init")
+
+
+class Error(Exception):
+    """What the command line prints as one line before it exits with `status`: 2 for bad input (nothing written),
+    1 for a run that cannot go on (its last checkpoint kept), 128 + N after signal N stopped training."""
+
+    def __init__(self, message, status=2):
+        super().__init__(message)
+        self.status = status
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse, whose errors are one Error line instead of its usage block."""
+
+    def error(self, message):
+        raise Error(message)
 
 
 def get_args(argv=None):
-    """Parse the flags and fill in the preset's defaults. Raises UsageError for a flag out of its range."""
+    """Parse the training flags and fill in the preset's defaults. Raises Error for a flag out of its range."""
     p = ArgumentParser(prog="train.py", description=__doc__.split("\n\n")[1],
                        formatter_class=argparse.RawDescriptionHelpFormatter,
                        epilog="Sampling has flags of its own: python train.py --sample RUN --help")
@@ -92,7 +115,6 @@ def get_args(argv=None):
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
     p.add_argument("--seed", type=int, default=1337, help="first seed")
     p.add_argument("--seeds", type=int, help="seeds per model: --seed, --seed + 1, ... (default: per preset)")
-    p.add_argument("--allow_repeats", action="store_true", help="--preset paper: allow reading the data again")
     once = p.add_mutually_exclusive_group()  # --resume and --overwrite contradict each other
     once.add_argument("--resume", action="store_true", help="continue each run from its checkpoint")
     once.add_argument("--overwrite", action="store_true", help="start runs over even if they have a checkpoint")
@@ -100,7 +122,24 @@ def get_args(argv=None):
     for key, value in TRAIN_DEFAULTS[args.preset].items():
         if getattr(args, key) is None:
             setattr(args, key, value)
-    preflight.check_args(args, tuple(MODEL_FLAGS))
+
+    positive = ["max_iters", "batch_size", "grad_accum", "eval_interval", "eval_iters", "ckpt_interval", "seeds",
+                "learning_rate", "grad_clip", *MODEL_FLAGS]
+    for name in positive:
+        value = getattr(args, name)
+        if value is not None and not (math.isfinite(value) and value > 0):
+            p.error(f"--{name} must be a positive number, got {value}")
+    for name in ("warmup_iters", "weight_decay"):
+        if not (math.isfinite(getattr(args, name)) and getattr(args, name) >= 0):
+            p.error(f"--{name} must be zero or more, got {getattr(args, name)}")
+    world_size = int(os.environ.get("WORLD_SIZE", 1))
+    if args.batch_size % (world_size * args.grad_accum):
+        p.error(f"--batch_size {args.batch_size} does not split into {world_size} process(es) x --grad_accum "
+                f"{args.grad_accum} micro-batches; pick a multiple")
+    if args.attn == "all" and args.double_heads:
+        p.error("--double_heads picks one arm of a variant, but --attn all trains both arms of all three")
+    if args.attn == "gqa" and args.kv_lora_rank is not None:
+        p.error("--kv_lora_rank sizes MLA's and GLA's latent; GQA has none")
     return args
 
 
@@ -131,30 +170,235 @@ def run_dir(out_dir, variant, double_heads, seed):
 
 
 def model_config(args, variant, double_heads):
-    """The GPTConfig of a model: the preset, the variant, and the model flags. Raises UsageError naming the model."""
+    """The GPTConfig of a model: the preset, the variant, and the model flags. Raises Error naming the model."""
     overrides = {flag: getattr(args, flag) for flag in MODEL_FLAGS if getattr(args, flag) is not None}
     try:
         return gla.make_config(args.preset, variant, double_heads, **overrides)
     except gla.ConfigError as e:
-        raise UsageError(f"{run_name(variant, double_heads)}: {e}") from None
+        raise Error(f"{run_name(variant, double_heads)}: {e}") from None
 
 
 # ----------------------------------------------------------------------------
-# The batch: batch `step` is a pure function of (seed, step)
+# The data: bytes of text, or token files, read in windows of block_size + 1 tokens
+
+# llm.c's token shards, as its dev/data/fineweb.py writes FineWeb-Edu: a header of 256 int32, [SHARD_MAGIC,
+# SHARD_VERSION, n_tokens, 0, ...], then n_tokens uint16 GPT-2 tokens.
+SHARD_MAGIC = 20240520
+SHARD_VERSION = 1
+SHARD_HEADER_BYTES = 256 * 4
+
+
+@functools.cache
+def stdlib_corpus():
+    """~2 MB of English that ships with every Python, so that the default run downloads nothing: pydoc_data.topics
+    and the standard library's docstrings (read with ast, never imported), shuffled with a fixed seed so that the
+    validation split (the last 10%) is not the alphabet's last modules. Bytes; another Python gives another corpus."""
+    from pydoc_data.topics import topics
+    docs = [topics[key] for key in sorted(topics)]
+    root = pathlib.Path(sysconfig.get_paths()["stdlib"])
+    for path in sorted(root.rglob("*.py")):
+        parts = path.relative_to(root).parts
+        if parts[0] in ("site-packages", "dist-packages", "test", "idlelib", "lib2to3") or "tests" in parts:
+            continue
+        try:
+            tree = ast.parse(path.read_bytes())
+        except (SyntaxError, ValueError, OSError):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                doc = ast.get_docstring(node)
+                if doc and len(doc) > 40:
+                    docs.append(doc)
+    random.Random(0).shuffle(docs)
+    return "\n\n".join(docs).encode("utf-8")
+
+
+def read_shard(path):
+    """The tokens of one llm.c shard, uint16, memory-mapped (a 100B-token corpus costs no RAM), its header checked."""
+    header = np.fromfile(path, dtype=np.int32, count=3)
+    size = os.path.getsize(path)
+    n_tokens = int(header[2]) if len(header) == 3 else -1
+    if header[:2].tolist() != [SHARD_MAGIC, SHARD_VERSION] or size != SHARD_HEADER_BYTES + 2 * n_tokens:
+        raise Error(f"{path}: not a whole llm.c token shard (header {header.tolist()}, {size} bytes); regenerate "
+                    "it with llm.c's dev/data/fineweb.py")
+    return np.memmap(path, dtype=np.uint16, mode="r", offset=SHARD_HEADER_BYTES, shape=(n_tokens,))
+
+
+def read_bin(path):
+    """nanoGPT's train.bin / val.bin: raw uint16 tokens, memory-mapped."""
+    if os.path.getsize(path) % 2:
+        raise Error(f"{path}: {os.path.getsize(path)} bytes is not a whole number of uint16 tokens; it is truncated")
+    return np.memmap(path, dtype=np.uint16, mode="r")
+
+
+class TokenData:
+    """A corpus's train and validation splits, each a list of 1-D token arrays (uint8 bytes, or uint16 tokens); a
+    window never crosses two arrays. source: what the corpus is, for config.json and the log."""
+
+    def __init__(self, train, val, source):
+        self.splits = {"train": train, "val": val}
+        self.source = source
+        self.n_tokens = {name: sum(len(a) for a in arrays) for name, arrays in self.splits.items()}
+
+    @classmethod
+    def from_bytes(cls, raw, source):
+        """Bytes as tokens (vocabulary 256): the first 90% train, the rest validation."""
+        data = np.frombuffer(raw, dtype=np.uint8)
+        n_train = int(0.9 * len(data))
+        return cls([data[:n_train]], [data[n_train:]], source)
+
+    def windows(self, split, block_size):
+        """Per array of a split, its count of windows of block_size + 1 tokens: window w starts at token
+        w * block_size, so its last token is the next one's first (as llm.c's loader reads)."""
+        return np.array([max(len(a) - 1, 0) // block_size for a in self.splits[split]], dtype=np.int64)
+
+    def read_rows(self, split, rows, block_size, seed):
+        """The windows of rows `rows` (int64: row j of the run's whole sequence of batches), (len(rows), block_size + 1)
+        int64. Row j reads window j mod N of pass j // N over the split's N windows, each pass in the order of a
+        permutation keyed by (seed, split, pass)."""
+        arrays = self.splits[split]
+        counts = self.windows(split, block_size)
+        n = int(counts.sum())
+        passes, positions = np.divmod(rows, n)
+        window = np.empty_like(positions)
+        for p in np.unique(passes):  # a batch spans two passes only where it meets a pass's end
+            here = passes == p
+            window[here] = permute(positions[here], n, (seed, split == "val", int(p)))
+        ends = np.cumsum(counts)
+        which = np.searchsorted(ends, window, side="right")  # the array of each window
+        offsets = (window - (ends - counts)[which]) * block_size
+        tokens = [arrays[w][o:o + block_size + 1] for w, o in zip(which, offsets)]
+        return np.stack(tokens).astype(np.int64)
+
+
+def load_data(spec, block_size):
+    """The corpus of --data: None, the stdlib corpus; a text file, its bytes; a folder, nanoGPT's train.bin /
+    val.bin or llm.c's token shards (*_train_*.bin, *_val_*.bin). Raises Error naming --data."""
+    if spec is None:
+        data = TokenData.from_bytes(stdlib_corpus(), f"stdlib corpus of Python {platform.python_version()}")
+    elif pathlib.Path(spec).is_file():
+        if spec.endswith(".bin"):
+            raise Error(f"--data {spec}: token files are read from their folder; pass --data {os.path.dirname(spec)}")
+        data = TokenData.from_bytes(pathlib.Path(spec).read_bytes(), f"text file {spec}")
+    else:
+        path = pathlib.Path(spec)
+        if (path / "train.bin").is_file() and (path / "val.bin").is_file():
+            train = [read_bin(path / "train.bin")]
+            val = [read_bin(path / "val.bin")]
+        else:
+            train = [read_shard(p) for p in sorted(path.glob("*_train_*.bin"))]
+            val = [read_shard(p) for p in sorted(path.glob("*_val_*.bin"))]
+        if not train or not val:
+            raise Error(f"--data {spec}: neither a text file nor a folder with train.bin/val.bin or llm.c shards")
+        data = TokenData(train, val, f"token files in {spec}")
+    for split, arrays in data.splits.items():
+        if max(len(a) for a in arrays) < block_size + 1:
+            raise Error(f"{data.source}: the {split} split has no {block_size + 1} consecutive tokens (one block + 1); "
+                        "use more data or a smaller --block_size")
+    return data
+
+
+def splitmix64(x):
+    """splitmix64's finaliser (Steele, Lea, Flood 2014, "Fast splittable pseudorandom number generators"): a
+    bijective scramble of uint64 values; products wrap around, as it intends."""
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def permute(i, n, key, rounds=4):
+    """A pseudo-random permutation of [0, n) keyed by `key` (a tuple of ints and bools), at the int64 indices i, in
+    O(len(i)) memory, so that no table of N entries is needed even at the paper's N = 48M windows: a balanced Feistel
+    network (Luby, Rackoff 1988) on the fewest even bits that hold n - 1, cycle walking (Black, Rogaway 2002) the
+    values that land past n (the domain is < 4n for n >= 2: under 4 tries on average)."""
+    half = (max(2, int(n - 1).bit_length()) + 1) // 2
+    mask = np.uint64((1 << half) - 1)
+    subkeys = []
+    for r in range(rounds):
+        digest = hashlib.blake2b(repr((key, r)).encode(), digest_size=8).digest()
+        subkeys.append(np.uint64(int.from_bytes(digest, "little")))
+    x = np.asarray(i, dtype=np.uint64).copy()
+    todo = np.ones(len(x), dtype=bool)
+    with np.errstate(over="ignore"):  # uint64 products wrap, as splitmix64 intends
+        while todo.any():
+            left = x[todo] >> np.uint64(half)
+            right = x[todo] & mask
+            for subkey in subkeys:
+                left, right = right, left ^ (splitmix64(right ^ subkey) & mask)
+            x[todo] = (left << np.uint64(half)) | right
+            todo[todo] = x[todo] >= n
+    return x.astype(np.int64)
 
 
 def get_batch(data, split, step, batch_size, block_size, seed, rank=0, world_size=1):
     """Inputs and next-token targets of one step, (batch_size // world_size, block_size) int64 each, on the CPU: this
     process's rows [rank B/W, (rank + 1) B/W) of the step's B = batch_size rows.
 
-    Row j = step * batch_size + row of the whole run reads window j mod N of pass j // N over the split's N windows
-    of block_size + 1 tokens, each pass in an order drawn for (seed, split, pass) (harness/data.py): every pass reads
-    every window once, as the paper reads each token once. So every run of a seed sees the same batches, the ranks
-    of torchrun read disjoint rows, and resuming at step s needs no state of the data: batch s is what it was."""
+    Row j = step * batch_size + row of the whole run reads window j mod N of pass j // N over the split's N windows,
+    each pass in its own order (TokenData.read_rows): every pass reads every window once, as the paper reads each
+    token once. So every run of a seed sees the same batches, torchrun's processes read disjoint rows, and resuming
+    at step s needs no state of the data: batch s is what it was."""
     per_process = batch_size // world_size
     rows = step * batch_size + np.arange(rank * per_process, (rank + 1) * per_process)
     windows = torch.from_numpy(data.read_rows(split, rows, block_size, seed))  # (per_process, block_size + 1)
     return windows[:, :-1], windows[:, 1:]
+
+
+# ----------------------------------------------------------------------------
+# Where we compute: the device, the autocast dtype, and torchrun's processes (nanoGPT's DDP set-up)
+
+
+@dataclasses.dataclass
+class Context:
+    """device: where the model lives; dtype: autocast's (float32: none); rank, world_size: this process among
+    torchrun's (rank 0 writes the files and the log)."""
+    device: torch.device
+    dtype: torch.dtype
+    rank: int = 0
+    world_size: int = 1
+
+    @property
+    def master(self):
+        return self.rank == 0
+
+    def autocast(self):
+        if self.dtype == torch.float32:
+            return nullcontext()
+        return torch.autocast(self.device.type, dtype=self.dtype)
+
+    def all_sum(self, t):
+        """The tensor t summed over every process (in place: one all-reduce); t itself in a process alone."""
+        if self.world_size > 1:
+            dist.all_reduce(t)
+        return t
+
+
+def setup(device=None, dtype=None):
+    """The Context of this process from --device and --dtype (None: cuda when available; bfloat16 on cuda, float32
+    on a CPU). Under torchrun (RANK set) it joins the process group: NCCL and a GPU per process, or gloo on CPUs."""
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise Error(f"--device {device} but CUDA is not available here; use --device cpu")
+    if device != "cpu" and not device.startswith("cuda"):
+        raise Error(f"--device {device}: use cpu or cuda")
+    dtype = getattr(torch, dtype or ("bfloat16" if device.startswith("cuda") else "float32"))
+    if "RANK" not in os.environ:
+        return Context(torch.device(device), dtype)
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if device.startswith("cuda"):
+        local_rank = int(os.environ["LOCAL_RANK"])
+        torch.cuda.set_device(local_rank)
+        dist.init_process_group("nccl")
+        return Context(torch.device("cuda", local_rank), dtype, rank, world_size)
+    dist.init_process_group("gloo")
+    return Context(torch.device("cpu"), dtype, rank, world_size)
+
+
+def log(ctx, message):
+    """Print a line from rank 0, which speaks for every process, above the progress bar."""
+    if ctx.master:
+        tqdm.write(message)
 
 
 # ----------------------------------------------------------------------------
@@ -166,8 +410,8 @@ def lr_at(step, args):
     peak = args.learning_rate
     if step < args.warmup_iters:
         return peak * (step + 1) / args.warmup_iters
-    progress_ = min(1.0, (step - args.warmup_iters) / max(1, args.max_iters - args.warmup_iters))
-    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress_)))
+    done = min(1.0, (step - args.warmup_iters) / max(1, args.max_iters - args.warmup_iters))
+    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * done)))
 
 
 def make_optimizer(model, args):
@@ -221,18 +465,108 @@ def evaluate(model, data, args, ctx, block_size):
 
 
 # ----------------------------------------------------------------------------
-# The loop, with its checkpoints and an exact resume
+# The run files: config.json, metrics.jsonl, ckpt.pt
 
 
-def train_run(args, variant, double_heads, data, ctx, stop, job, log):
-    """Train the run of seed args.seed (or resume it, or skip it if finished); returns its last evaluation.
-    job: this process's progress (harness/progress.py). Raises RunError (a NaN loss, a failed write),
-    Interrupted (a signal: after a checkpoint), UsageError (a checkpoint that does not match)."""
+def run_spec(args, config, data, ctx):
+    """What a run is, saved in config.json and in every checkpoint: its model (a gla.GPTConfig), its training flags
+    (TRAIN_SPEC) and autocast dtype, and its data. A resume under another spec is refused."""
+    train = {key: getattr(args, key) for key in TRAIN_SPEC}
+    train["dtype"] = str(ctx.dtype).removeprefix("torch.")
+    data_spec = {"source": data.source, "train_tokens": data.n_tokens["train"], "val_tokens": data.n_tokens["val"]}
+    return {"model": dataclasses.asdict(config), "train": train, "data": data_spec}
+
+
+def write_file(path, content):
+    """Write bytes, or torch.save a checkpoint, to path through a temporary beside it that os.replace swaps in whole:
+    a kill leaves the old file or the new one, never half of either. A full disk or a lost permission is one Error
+    line (status 1), and every file saved before stays as it was."""
+    temporary = path.with_name(path.name + ".tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(temporary, "wb") as f:
+            if isinstance(content, bytes):
+                f.write(content)
+            else:
+                torch.save(content, f)
+        os.replace(temporary, path)
+    except (OSError, RuntimeError) as e:
+        error = e if isinstance(e, OSError) else e.__context__  # torch.save wraps a failed write in a RuntimeError
+        if not isinstance(error, OSError):
+            raise
+        if temporary.exists():  # a full disk's room back
+            temporary.unlink()
+        raise Error(f"cannot write {path} ({error.strerror}); what the run saved before is kept: free space or make "
+                    "it writable, then --resume", status=1) from None
+
+
+def read_metrics(path, up_to_iter=math.inf):
+    """The evaluations in a run's metrics.jsonl (a list of dicts) up to iteration up_to_iter."""
+    if not path.exists():
+        return []
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    return [row for row in rows if row["iter"] <= up_to_iter]
+
+
+def check_run_folder(folder, args):
+    """Refuse (Error) to start a run whose folder holds saved work, unless told what to do with it: --resume
+    continues its checkpoint, --overwrite starts it over. Evaluations past the first checkpoint's step without a
+    ckpt.pt (deleted to save disk, say) cannot be resumed: --resume would erase them, so only --overwrite may."""
+    if args.overwrite:
+        return
+    has_checkpoint = (folder / "ckpt.pt").exists()
+    rows = read_metrics(folder / "metrics.jsonl")
+    if not args.resume and (has_checkpoint or rows):
+        raise Error(f"{folder} holds a run; pass --resume to continue it, --overwrite to start it over, or another "
+                    "--out_dir")
+    if args.resume and not has_checkpoint and rows and rows[-1]["iter"] > min(args.ckpt_interval, args.max_iters):
+        raise Error(f"{folder} holds evaluations up to iteration {rows[-1]['iter']} but no ckpt.pt to resume from; "
+                    "pass --overwrite to start it over (its metrics are lost), or another --out_dir")
+
+
+def load_checkpoint(path, spec):
+    """The checkpoint at path (weights_only: loading it runs no code), if it was saved under `spec`. Raises Error."""
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+        saved = ckpt["config"]
+    except Exception as e:  # a truncated or foreign file: unpickling fails in many ways, all meaning the same here
+        raise Error(f"cannot resume {path}: not a checkpoint of train.py ({type(e).__name__}); --overwrite starts "
+                    "it over") from None
+    differences = [f"{part}.{key}: {saved.get(part, {}).get(key)!r} -> {value!r}"
+                   for part, values in spec.items() for key, value in values.items()
+                   if saved.get(part, {}).get(key) != value]
+    if differences:
+        raise Error(f"cannot resume {path}: it was trained with another setup ({', '.join(differences)}); "
+                    "--overwrite starts it over, or use another --out_dir")
+    return ckpt
+
+
+# ----------------------------------------------------------------------------
+# The loop of one run, with its checkpoints and an exact resume
+
+
+class StopSignal:
+    """Ctrl-C (SIGINT) or SIGTERM (what `timeout` and job schedulers send) asks training to stop: the loop saves a
+    checkpoint after the step it is in, and ends the command. A second signal stops at once."""
+
+    def __init__(self):
+        self.signum = 0
+
+    def __call__(self, signum, frame):
+        if self.signum:
+            raise KeyboardInterrupt
+        self.signum = signum
+
+
+def train_run(args, variant, double_heads, data, ctx, stop, bar):
+    """Train the run of seed args.seed (or resume it, or skip it if finished), advancing the job's progress bar.
+    Raises Error for a loss that is not finite, a file it cannot write, a checkpoint that does not match, and after
+    a signal (with a checkpoint saved)."""
     name = f"{run_name(variant, double_heads)} seed {args.seed}"
     config = model_config(args, variant, double_heads)
-    spec = checkpoints.run_spec(args, config, data.fingerprint, ctx.dtype)
-    run = checkpoints.RunFiles(run_dir(args.out_dir, variant, double_heads, args.seed), spec, ctx.master)
-    job.begin_run()
+    spec = run_spec(args, config, data, ctx)
+    folder = run_dir(args.out_dir, variant, double_heads, args.seed)
+    ckpt_path = folder / "ckpt.pt"
 
     # The model: the same init in every process and at every resume, from the seed alone.
     torch.manual_seed(args.seed)
@@ -242,216 +576,264 @@ def train_run(args, variant, double_heads, data, ctx, stop, job, log):
     model.to(ctx.device)
     optimizer = make_optimizer(model, args)
 
-    # Resume: weights, AdamW's state, the step and the running train loss. The data needs nothing: batch s is a
-    # function of (seed, s).
+    # Resume: weights, AdamW's state, the step, the time and the running train loss. The data needs nothing: batch s
+    # is a function of (seed, s).
     step = 0
     elapsed = 0.0  # seconds trained before this process
     loss_sum = 0.0  # the train losses since the last evaluation, which reports their mean
     loss_count = 0
-    rows = []  # the evaluations so far, metrics.jsonl's rows
-    if args.resume and run.ckpt_path.exists():
-        ckpt = checkpoints.load_checkpoint(run.ckpt_path, spec)
-        checkpoints.load_state(model, ckpt["model"], f"cannot resume {run.ckpt_path}")
-        try:
-            optimizer.load_state_dict(ckpt["optimizer"])  # the saved state, its `fused` flag included
-        except (ValueError, KeyError, TypeError) as e:
-            raise UsageError(f"cannot resume {run.ckpt_path}: its optimizer state does not fit ({e}); use "
-                             "--overwrite to start over") from None
+    if args.resume and ckpt_path.exists():
+        ckpt = load_checkpoint(ckpt_path, spec)
+        model.load_state_dict(ckpt["model"])
+        optimizer.load_state_dict(ckpt["optimizer"])
         step = ckpt["iter"]
         elapsed = ckpt["elapsed_s"]
         loss_sum = ckpt["train_loss_sum"]
         loss_count = ckpt["train_loss_count"]
         del ckpt  # the model and the optimizer hold copies now: no second set of weights for the whole run
-        rows = checkpoints.read_metrics(run.metrics_path, step)
-        run.saved = step
+        bar.total -= step  # the job's bar counts the steps left to train
+        bar.refresh()
         if step >= args.max_iters:
-            log(f"{name}: finished at iteration {step}, skipped")
-            return rows[-1] if rows else None
-        log(f"{name}: resuming at iteration {step}")
-    run.start(rows, data.source)
+            log(ctx, f"{name}: finished at iteration {step}, skipped")
+            return
+        log(ctx, f"{name}: resuming at iteration {step}")
+    rows = read_metrics(folder / "metrics.jsonl", step)  # the evaluations up to the checkpoint: none lost or repeated
     if ctx.master:
-        log(f"{name}: {model.num_params():,} parameters, n_head {config.n_head}, ffn_hidden {config.ffn_hidden}, "
-            f"KV cache {config.kv_cache_elems_per_token_per_layer} elements/token/layer")
+        if step == 0 and ckpt_path.exists():
+            ckpt_path.unlink()  # started over: an old checkpoint must never be resumed later
+        write_file(folder / "config.json", json.dumps(spec, indent=2).encode())
+        write_file(folder / "metrics.jsonl", "".join(json.dumps(row) + "\n" for row in rows).encode())
+    log(ctx, f"{name}: {model.num_params():,} parameters, n_head {config.n_head}, ffn_hidden {config.ffn_hidden}, "
+             f"KV cache {config.kv_cache_elems_per_token_per_layer} elements/token/layer")
 
     train_model = torch.compile(model) if args.compile else model
-    if ctx.world_size > 1:  # gradient_as_bucket_view: no second copy of the gradients (harness/memory.py)
+    if ctx.world_size > 1:  # gradient_as_bucket_view: the gradients live in DDP's buckets, not in a second copy
         device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
         train_model = DDP(train_model, device_ids=device_ids, gradient_as_bucket_view=True)
     tokens_per_step = args.batch_size * config.block_size
-    # tqdm bars on a terminal only (disable=None), so that logs in files stay readable.
-    bar = tqdm(total=args.max_iters, initial=step, desc=name, disable=None if ctx.master else True,
-               leave=False, dynamic_ncols=True)
     started = time.time() - elapsed
-    try:
-        while step < args.max_iters:
-            # One optimizer step.
-            lr = lr_at(step, args)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            x, y = get_batch(data, "train", step, args.batch_size, config.block_size, args.seed, ctx.rank,
-                             ctx.world_size)
-            loss = train_step(train_model, x, y, args, ctx)
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
-            # The step's one wait for the device: its loss, its gradient norm and whether a signal asks us to stop
-            # (Ctrl-C, SIGTERM: harness/stops.py), in one tensor summed over the processes, so that all agree.
-            stopping = torch.full((), float(stop.signum != 0), dtype=torch.float64, device=ctx.device)
-            loss, grad_norm, stopping = ctx.all_sum(torch.stack([loss, grad_norm.double(), stopping])).tolist()
-            step_loss = loss / ctx.world_size
-            grad_norm /= ctx.world_size
-            if not math.isfinite(step_loss) or not math.isfinite(grad_norm):
-                raise RunError(f"{name}: loss {step_loss}, gradient norm {grad_norm} at iteration {step}; stopped, "
-                               f"{run.kept()}")
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            step += 1
-            loss_sum += step_loss
-            loss_count += 1
+    while step < args.max_iters:
+        lr = lr_at(step, args)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        x, y = get_batch(data, "train", step, args.batch_size, config.block_size, args.seed, ctx.rank, ctx.world_size)
+        loss = train_step(train_model, x, y, args, ctx)
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
+        # The step's one wait for the device: its loss, its gradient norm and whether a signal asks us to stop, in
+        # one tensor summed over the processes, so that all of them agree.
+        stopping = torch.full((), float(stop.signum != 0), dtype=torch.float64, device=ctx.device)
+        loss, grad_norm, stopping = ctx.all_sum(torch.stack([loss, grad_norm.double(), stopping])).tolist()
+        step_loss = loss / ctx.world_size
+        grad_norm /= ctx.world_size
+        if not math.isfinite(step_loss) or not math.isfinite(grad_norm):
+            raise Error(f"{name}: loss {step_loss}, gradient norm {grad_norm} at iteration {step}; stopped, its last "
+                        "checkpoint kept", status=1)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        step += 1
+        loss_sum += step_loss
+        loss_count += 1
+        bar.update()
 
-            # Progress: this run's bar, and the whole job's estimate.
-            job.stepped()
-            job.tick(log)
-            tokens_per_s = step * tokens_per_step / (time.time() - started)
-            bar.update(1)
-            bar.set_postfix(loss=f"{step_loss:.3f}", tok_s=f"{tokens_per_s:.0f}")
-
-            if step % args.eval_interval == 0 or step == args.max_iters:
-                val_loss = evaluate(model, data, args, ctx, config.block_size)
-                job.evaluated()
-                elapsed = time.time() - started
-                row = dict(iter=step, tokens=step * tokens_per_step, train_loss=loss_sum / loss_count,
-                           val_loss=val_loss, lr=lr, elapsed_s=round(elapsed, 3),
-                           tokens_per_s=round(step * tokens_per_step / elapsed, 1))
-                loss_sum = 0.0
-                loss_count = 0
-                rows.append(row)
-                run.append_metrics(row)
-                if ctx.master:
-                    bar.write(f"{name} iter {step}: train {row['train_loss']:.4f} val {val_loss:.4f}")
-            if step % args.ckpt_interval == 0 or step == args.max_iters:
-                save_checkpoint(run, name, model, optimizer, step, started, loss_sum, loss_count, tokens_per_step)
-
-            # A signal stops us between two steps, with a whole state to save.
-            if stopping:
-                if step != run.saved:
-                    save_checkpoint(run, name, model, optimizer, step, started, loss_sum, loss_count,
-                                    tokens_per_step)
-                raise Interrupted(f"{name}: interrupted at iteration {step}", stop.signum)
-    finally:
-        bar.close()  # an error message then starts on a clean line
-    return rows[-1] if rows else None
+        if step % args.eval_interval == 0 or step == args.max_iters:
+            val_loss = evaluate(model, data, args, ctx, config.block_size)
+            elapsed = time.time() - started
+            rows.append(dict(iter=step, tokens=step * tokens_per_step, train_loss=loss_sum / loss_count,
+                             val_loss=val_loss, lr=lr, elapsed_s=round(elapsed, 3),
+                             tokens_per_s=round(step * tokens_per_step / elapsed, 1)))
+            loss_sum = 0.0
+            loss_count = 0
+            if ctx.master:
+                write_file(folder / "metrics.jsonl", "".join(json.dumps(row) + "\n" for row in rows).encode())
+            log(ctx, f"{name} iter {step}: train {rows[-1]['train_loss']:.4f} val {val_loss:.4f}")
+        if step % args.ckpt_interval == 0 or step == args.max_iters or stopping:
+            # Weights that went non-finite (a finite loss, then an overflowing update) are never saved.
+            if not all(torch.isfinite(p).all() for p in model.parameters()):
+                raise Error(f"{name}: non-finite weights at iteration {step}; stopped, its last checkpoint kept",
+                            status=1)
+            if ctx.master:
+                write_file(ckpt_path, dict(model=model.state_dict(), optimizer=optimizer.state_dict(), iter=step,
+                                           tokens=step * tokens_per_step, elapsed_s=time.time() - started,
+                                           train_loss_sum=loss_sum, train_loss_count=loss_count, config=spec))
+        if stopping:  # a signal stops us between two steps, with a whole state saved
+            raise Error(f"{name}: interrupted at iteration {step}: --resume continues",
+                        status=128 + (stop.signum or signal.SIGINT))  # 0: a torchrun peer got it
 
 
-def save_checkpoint(run, name, model, optimizer, step, started, loss_sum, loss_count, tokens_per_step):
-    """Save what an exact resume needs: the weights, AdamW's state, the step, the time and the running train loss.
-    Weights that went non-finite (a finite loss, then an overflowing update) are never saved: RunError."""
-    if not all(torch.isfinite(p).all() for p in model.parameters()):
-        raise RunError(f"{name}: non-finite weights at iteration {step}; stopped, {run.kept()}")
-    run.save(dict(model=model.state_dict(), optimizer=optimizer.state_dict(), iter=step,
-                  tokens=step * tokens_per_step, elapsed_s=time.time() - started, train_loss_sum=loss_sum,
-                  train_loss_count=loss_count, config=run.spec))
+class LogLines:
+    """The progress bar's file off a terminal (a log): each redraw, a carriage return and the bar's text, becomes a
+    line of its own, where tqdm would write one endless line of carriage returns."""
+
+    def write(self, text):
+        text = text.strip("\r ")
+        if text:
+            print(text, flush=True)
+
+    def flush(self):
+        pass
 
 
-# ----------------------------------------------------------------------------
-# main: check everything, then train the runs seed by seed
-
-
-def check_runs(args):
-    """The GPTConfig of each model to train, once everything that needs neither a device nor data is checked: every
-    model builds (and its twin, which --init coupled draws against), the batch splits, and no run folder holds what
-    this command would erase (harness/checkpoints.py). Raises UsageError."""
-    configs = [model_config(args, v, d) for v, d in models_of(args)]
-    if args.init == "coupled":
-        for variant, double_heads in models_of(args):
-            model_config(args, variant, not double_heads)
-    preflight.check_batch(args, int(os.environ.get("WORLD_SIZE", 1)))
-    first_checkpoint = min(args.ckpt_interval, args.max_iters)
-    for run in runs_of(args):
-        checkpoints.check_existing_run(run_dir(args.out_dir, *run), args.resume, args.overwrite, first_checkpoint)
-    return configs
-
-
-def check_memory(args, configs, ctx):
-    """Refuse a job whose step would not fit in memory (harness/memory.py), where memory can run out: on a GPU, or a
-    preset past tiny. (On a CPU, torchrun's processes on this host share its memory.)"""
-    if ctx.device.type == "cpu" and args.preset == "tiny":
-        return
-    per_process = args.batch_size // ctx.world_size
-    sharing = 1
-    if ctx.device.type == "cpu":
-        sharing = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-    memory.check_memory(configs, per_process, per_process // args.grad_accum, ctx.dtype, ctx.device,
-                        ctx.world_size > 1, sharing)
-
-
-def plan_run(args, variant, double_heads, seed):
-    """The run's PlannedRun (harness/progress.py): the steps it has left (a --resume starts from its checkpoint)."""
-    done = 0
-    if args.resume:
-        done = checkpoints.saved_iter(run_dir(args.out_dir, variant, double_heads, seed) / "ckpt.pt")
-    name = f"{run_name(variant, double_heads)} seed {seed}"
-    return progress.plan_run(name, model_config(args, variant, double_heads), max(0, args.max_iters - done),
-                             args.batch_size, args.eval_interval, args.eval_iters, args.max_iters)
-
-
-def train_runs(args, block_size, data, ctx, stop, log):
-    """Train every run, seed by seed, in this process, reporting the job's progress."""
+def train_job(args, ctx):
+    """Train every run, seed by seed, in this process, under one progress bar for the whole job. A step of any of the
+    six models costs about the same (the width rule gives them equal parameters), so the bar counts steps."""
     runs = runs_of(args)
-    tokens_per_step = args.batch_size * block_size
-    job = progress.JobProgress([plan_run(args, *run) for run in runs], tokens_per_step, report=ctx.master)
+    block_size = model_config(args, *runs[0][:2]).block_size  # one for every run: the preset's or --block_size
+    data = load_data(args.data, block_size)
+    pass_tokens = int(data.windows("train", block_size).sum()) * block_size
+    log(ctx, f"data: {data.source}, {data.n_tokens['train']:,} train / {data.n_tokens['val']:,} val tokens; "
+             f"{ctx.world_size} process(es) on {ctx.device}, {ctx.dtype}")
+    log(ctx, f"training: {args.max_iters * args.batch_size * block_size:,} tokens per run = "
+             f"{args.max_iters * args.batch_size * block_size / pass_tokens:.2f} passes over {pass_tokens:,}")
+    on_terminal = sys.stderr.isatty()
+    bar = tqdm(total=len(runs) * args.max_iters, desc="the job", unit="step", disable=not ctx.master,
+               file=sys.stderr if on_terminal else LogLines(), mininterval=0.1 if on_terminal else 60,
+               dynamic_ncols=on_terminal)
+    stop = StopSignal()
+    handlers = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         for variant, double_heads, seed in runs:
             run_args = argparse.Namespace(**{**vars(args), "seed": seed})  # the run's own seed, the rest shared
-            train_run(run_args, variant, double_heads, data, ctx, stop, job, log)
+            train_run(run_args, variant, double_heads, data, ctx, stop, bar)
     finally:
-        job.close()
+        for s, handler in handlers.items():
+            signal.signal(s, handler)
+        bar.close()
+    for variant, double_heads, seed in runs:
+        rows = read_metrics(run_dir(args.out_dir, variant, double_heads, seed) / "metrics.jsonl")
+        log(ctx, f"{run_dir(args.out_dir, variant, double_heads, seed)}: final val loss {rows[-1]['val_loss']:.4f} "
+                 f"after {rows[-1]['tokens']:,} tokens")
 
 
-def main(argv=None, stop=None):
-    """Check the input, then train the requested runs; returns the exit status (0: all trained). Raises UsageError
-    for bad input, RunError for a run that cannot go on, Interrupted after a signal (every run checkpointed first)."""
-    args = get_args(argv)
-    stop = stop or StopFlag()
+# ----------------------------------------------------------------------------
+# Sampling: text from trained runs through GPT.generate (the KV cache and the decode path), on one process or
+# tensor-parallel: under torchrun each of N processes keeps 1/N of the model (gla.shard_for_tp) and its cache.
 
-    # Pre-flight: everything we can check before we write anything (harness/preflight.py).
-    configs = check_runs(args)
-    ctx = setup_context(args.device, args.dtype)
-    check_memory(args, configs, ctx)
-    block_size = configs[0].block_size  # one for every run: the preset's or --block_size
-    data, passes = preflight.load_data(args, ctx, block_size, min(c.vocab_size for c in configs))
-    check_out_dir(args.out_dir)
-    log = tqdm.write if ctx.master else print_nothing
 
-    with ExitStack() as locks, stop_on_signals(stop):
-        # The run folders: ours alone from now on (rank 0 holds them for torchrun's ranks), if the disk has room.
-        eval_points = args.max_iters // args.eval_interval + 1
-        runs = [(run_dir(args.out_dir, v, d, s), model_config(args, v, d)) for v, d, s in runs_of(args)]
-        preflight.on_master(ctx, functools.partial(preflight.claim_folders, locks, args.out_dir, runs, eval_points))
-        log(f"data: {data.source}, {data.n_tokens['train']:,} train / {data.n_tokens['val']:,} val tokens, "
-            f"sha256 {data.fingerprint}; {ctx.world_size} process(es) on {ctx.device}, {args.dtype or ctx.dtype}")
-        log(f"training: {passes}, windows of {block_size} tokens drawn without replacement")
-        train_runs(args, block_size, data, ctx, stop, log)
+def cache_report(model, full, rank, tp, length):
+    """One line: what rank of tp holds of the full model (config `full`) and its KV cache at `length` tokens."""
+    share = gla.tp_share(full, rank, tp)
+    caches = [block.attn.cache for block in model.blocks]
+    nbytes = sum(c.k_cache[:, :, :length].nbytes + c.v_cache[:, :, :length].nbytes for c in caches)
+    group = "KV head" if full.attn == "gqa" else "latent head"
+    return (f"rank {rank}/{tp}: query heads {share.heads.start}-{share.heads.stop - 1} of {full.n_head}, "
+            f"{group}s {share.groups.start}-{share.groups.stop - 1} of {full.n_groups} | KV cache: "
+            f"{model.config.kv_cache_elems_per_token_per_layer} elements per token per layer (one process: "
+            f"{full.kv_cache_elems_per_token_per_layer}), {nbytes:,} bytes at {length} tokens")
 
-    if ctx.master:
-        for folder, _ in runs:
-            rows = checkpoints.read_metrics(folder / "metrics.jsonl")
-            if rows:
-                log(f"{folder}: final val loss {rows[-1]['val_loss']:.4f} after {rows[-1]['tokens']:,} tokens")
-    leave_process_group(finished=True)
+
+def load_run(path, world_size):
+    """(path, GPTConfig, state dict) of a run from its ckpt.pt or its folder, memory-mapped (only what we load is
+    read), checked to split into world_size tensor-parallel shards. Raises Error."""
+    path = pathlib.Path(path)
+    if path.is_dir():
+        path = path / "ckpt.pt"
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        config = gla.GPTConfig(**ckpt["config"]["model"])
+        gla.tp_share(config, 0, world_size)
+    except gla.ConfigError as e:
+        raise Error(f"{path}: {e}") from None
+    except Exception as e:  # missing, truncated, or not train.py's
+        raise Error(f"cannot read {path} as a checkpoint of train.py ({type(e).__name__}); pass a run's ckpt.pt or "
+                    "its folder, <out_dir>/<run>/seed<seed>") from None
+    return path, config, ckpt["model"]
+
+
+def get_sample_args(argv):
+    """The flags of train.py --sample (training's are refused here, as these are by get_args)."""
+    p = ArgumentParser(prog="train.py --sample", description="Sample text from trained runs.")
+    p.add_argument("--sample", nargs="+", metavar="RUN", required=True,
+                   help="runs to sample from: a ckpt.pt or its folder, <out_dir>/<run>/seed<seed>")
+    p.add_argument("--prompt", default="\n")
+    p.add_argument("--max_new_tokens", type=int, default=100, help="at most the run's block_size, prompt included")
+    p.add_argument("--temperature", type=float, default=0.8, help="0: greedy")
+    p.add_argument("--top_k", type=int, default=200, help="sample among the k likeliest tokens (0: all)")
+    p.add_argument("--seed", type=int, default=1337, help="torch seed of the draws")
+    p.add_argument("--device", help="cuda or cpu (default: cuda when available)")
+    p.add_argument("--compile", action="store_true", help="torch.compile the decode step")
+    args = p.parse_args(argv)
+    if not (math.isfinite(args.temperature) and args.temperature >= 0) or args.top_k < 0 or args.max_new_tokens < 1:
+        p.error("--temperature must be >= 0 (0: greedy), --top_k >= 0 (0: all) and --max_new_tokens >= 1")
+    return args
+
+
+def sample(argv):
+    """train.py --sample RUN [RUN ...]: print each run's text, its speed and what each process's cache holds."""
+    args = get_sample_args(argv)
+    runs = [load_run(path, int(os.environ.get("WORLD_SIZE", 1))) for path in args.sample]  # checked before we start
+    ctx = setup(args.device, "float32")
+    for path, config, state in runs:
+        model = gla.GPT(config)
+        model.load_state_dict(state)
+        model.to(ctx.device).eval()
+        if ctx.world_size > 1:
+            gla.shard_for_tp(model, ctx.rank, ctx.world_size)
+        if config.vocab_size == 256:  # bytes are tokens (the stdlib corpus, text files)
+            prompt = list(args.prompt.encode("utf-8", errors="surrogateescape"))  # argv's non-UTF-8 bytes back
+        else:  # GPT-2 tokens (token files)
+            import tiktoken
+            encoding = tiktoken.get_encoding("gpt2")
+            prompt = encoding.encode(args.prompt)
+        if not 1 <= len(prompt) < len(prompt) + args.max_new_tokens <= config.block_size:
+            raise Error(f"{path}: a prompt of {len(prompt)} tokens and --max_new_tokens {args.max_new_tokens} must "
+                        f"fit the run's block_size of {config.block_size} tokens")
+        torch.manual_seed(args.seed)
+        started = time.perf_counter()
+        idx = torch.tensor([prompt], device=ctx.device)
+        tokens = model.generate(idx, args.max_new_tokens, args.temperature, args.top_k, compile=args.compile)
+        tokens = tokens[0].tolist()  # .tolist() waits for the GPU
+        seconds = time.perf_counter() - started
+        reports = [cache_report(model, config, ctx.rank, ctx.world_size, len(tokens))] * ctx.world_size
+        if ctx.world_size > 1:
+            dist.all_gather_object(reports, reports[0])  # every rank's line, for rank 0 to print
+        if config.vocab_size == 256:
+            text = bytes(tokens).decode("utf-8", errors="backslashreplace")  # a half-learned character shows as \xNN
+        else:
+            text = encoding.decode(tokens)
+        if ctx.master:
+            print(f"== {path}: {config.attn}, {config.n_head} query heads, temperature {args.temperature}",
+                  text, f"-- {args.max_new_tokens} new tokens in {seconds:.3f} s (batch 1, prefill included)",
+                  *reports, sep="\n", flush=True)
     return 0
 
 
-def print_nothing(message):
-    """The log of torchrun's ranks other than 0: rank 0 speaks for all."""
+# ----------------------------------------------------------------------------
+# main
+
+
+def main(argv=None):
+    """Check the input, then train the requested runs; returns 0. Raises Error."""
+    args = get_args(argv)
+    # Everything that needs neither a device nor data is checked before anything is written: every model builds (and
+    # its twin, which --init coupled draws against), and no run folder holds what this command would erase.
+    for variant, double_heads in models_of(args):
+        model_config(args, variant, double_heads)
+        model_config(args, variant, not double_heads)
+    for run in runs_of(args):
+        check_run_folder(run_dir(args.out_dir, *run), args)
+    ctx = setup(args.device, args.dtype)
+    train_job(args, ctx)
+    if dist.is_initialized():  # every process waits for rank 0's last writes, then leaves
+        dist.barrier()
+        dist.destroy_process_group()
+    return 0
 
 
 def cli(argv=None):
-    """The command line: `train.py --sample ...` samples (harness/sampling.py); anything else trains (main). Errors
-    print as one line; returns the exit status (harness/stops.py)."""
+    """The command line: `train.py --sample ...` samples; anything else trains. An error is one line on stderr
+    (under torchrun, with the rank); returns the exit status (Error's)."""
     argv = sys.argv[1:] if argv is None else argv
-    if "--sample" in argv:
-        return run_command(sampling.main, argv, "train.py", StopFlag())
-    stop = StopFlag()
-    return run_command(functools.partial(main, stop=stop), argv, "train.py", stop)
+    rank = f"rank {os.environ['RANK']}: " if int(os.environ.get("WORLD_SIZE", 1)) > 1 else ""
+    try:
+        if "--sample" in argv:
+            return sample(argv)
+        return main(argv)
+    except Error as e:
+        print(f"train.py: {'error: ' if e.status < 128 else ''}{rank}{e}", file=sys.stderr)
+        return e.status
+    except KeyboardInterrupt:  # a second signal, or one before training began
+        print(f"train.py: {rank}interrupted: --resume continues from each run's last checkpoint", file=sys.stderr)
+        return 128 + signal.SIGINT
 
 
 if __name__ == "__main__":

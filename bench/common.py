@@ -100,7 +100,7 @@ def train_step_seconds(config, args, ctx, steps, warmup=2):
     """Median wall seconds of one of train.py's optimizer steps of a GPT of `config`, at args.batch_size sequences in
     args.grad_accum micro-batches, on the threads torch has now: train.train_step (forward and backward), the gradient
     clip and the fused AdamW step, as train.py's loop runs them, on random tokens (the speed does not depend on them),
-    after `warmup` steps. args: train.get_args's; ctx: a harness.context.Context."""
+    after `warmup` steps. args: train.get_args's; ctx: a train.Context."""
     torch.manual_seed(0)
     model = gla.GPT(config).to(ctx.device)
     optimizer = train.make_optimizer(model, args)
@@ -117,6 +117,23 @@ def train_step_seconds(config, args, ctx, steps, warmup=2):
             torch.cuda.synchronize()
         seconds.append(time.perf_counter() - t)
     return statistics.median(seconds[warmup:])
+
+
+def training_flops_per_token(config):
+    """FLOPs of one token of a training step, forward and backward (2 per multiply-add): 6 per parameter (Kaplan et
+    al. 2020, "Scaling Laws for Neural Language Models", Sec. 2.1; the tied embedding counts once, as the output
+    projection) plus the attention's scores and weighted sums, 6 n_layer n_head block_size (d_qk + d_v) over the full
+    T x T as nanoGPT's MFU counts it (a causal kernel skips about half). MLA / GLA in the naive form training runs:
+    d_qk = qk_nope + qk_rope, d_v = v_head_dim."""
+    with torch.device("meta"):
+        n_params = gla.GPT(config).num_params()
+    if config.attn == "gqa":
+        d_qk = config.head_dim
+        d_v = config.head_dim
+    else:
+        d_qk = config.qk_nope_head_dim + config.qk_rope_head_dim
+        d_v = config.v_head_dim
+    return 6 * n_params + 6 * config.n_layer * config.n_head * config.block_size * (d_qk + d_v)
 
 
 def time_models(args, ctx, steps):

@@ -40,7 +40,6 @@ import kernels  # noqa: E402
 import plot  # noqa: E402
 from bench.common import machine, time_interleaved  # noqa: E402
 from bench.roofline import call_bytes, call_flops  # noqa: E402
-from harness.files import atomic_write  # noqa: E402
 
 HEAD_VOCAB = 256  # the one-layer model's head: the tiny preset's byte vocabulary
 
@@ -316,7 +315,7 @@ def main(argv=None):
     title = (f"One layer's decode step at paper dims: the cache's part against its roofline floor\n{where}{tp}; "
              f"matmul peak {roofs.peak / 1e9:.0f} GFLOP/s, read bandwidth measured at each size")
     os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
-    atomic_write({args.output: lambda f: plot_rows(rows, title, f)})
+    plot_rows(rows, title, args.output)
     print(f"wrote {args.output}")
     return 0
 

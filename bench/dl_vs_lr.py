@@ -16,7 +16,6 @@ baseline's - dL, so the baselines' mean = the six runs' mean + mean(dL) / 2.
 """
 import argparse
 import csv
-import functools
 import math
 import pathlib
 import sys
@@ -26,7 +25,6 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # the repo
 import numpy as np  # noqa: E402
 
 import plot  # noqa: E402
-from harness.files import atomic_write  # noqa: E402
 
 SWEEPS_CSV = pathlib.Path(__file__).resolve().parents[1] / "assets" / "schedule_sweeps.csv"
 WARMUP = 800
@@ -203,7 +201,7 @@ def main(argv=None):
     rows = read_sweeps()
     points = {rate: p1_seeds_at(rows, rate) for rate in RATES}
     try:
-        atomic_write({args.output: functools.partial(draw, points)})
+        draw(points, args.output)
     except OSError as e:
         print(f"dl_vs_lr.py: error: cannot write {args.output}: {e.strerror or e}", file=sys.stderr)
         return 2

@@ -4,8 +4,8 @@ them, summed over the job's plan.
 
 Without flags it predicts the main job, `python train.py --attn all`; any train.py flag changes the job (e.g.
 --seeds 4). The job's plan is train.py's: its defaults per preset, its runs trained in turn, seed by seed, in one
-process. A run's time is its FLOPs (harness/progress.plan_run: its steps and evaluations, training_flops_per_token)
-at the FLOP rate its model's timed steps reached. Process start, data loading and checkpoints are left out (a few
+process. A run's time is its steps and its evaluations (a forward of eval_iters batches each, a third of a step a
+batch) at its model's timed seconds a step. Process start, data loading and checkpoints are left out (a few
 seconds a run).
 
     python bench/job_time.py [--steps 3] [train.py flags]
@@ -19,10 +19,16 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # the repo
 import torch  # noqa: E402
 
 import train  # noqa: E402
-from harness import progress  # noqa: E402
-from harness.context import setup_context  # noqa: E402
-from harness.stops import UsageError  # noqa: E402
-from bench.common import machine, matmul_gflops, time_models  # noqa: E402
+from bench.common import machine, matmul_gflops, time_models, training_flops_per_token  # noqa: E402
+
+
+def minutes(seconds):
+    """'45 s', '3.5 min' or '1 h 20 min'."""
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    if seconds < 3600:
+        return f"{seconds / 60:.1f} min" if seconds < 600 else f"{seconds / 60:.0f} min"
+    return f"{int(seconds // 3600)} h {seconds % 3600 / 60:.0f} min"
 
 
 def main(argv=None):
@@ -34,10 +40,10 @@ def main(argv=None):
         p.error(f"--steps must be >= 1, got {ours.steps}")
     try:
         args = train.get_args(["--attn", "all", *train_flags])  # a later --attn wins
-        ctx = setup_context(args.device or "cpu", args.dtype)
+        ctx = train.setup(args.device or "cpu", args.dtype)
         if ctx.device.type != "cpu":
-            raise UsageError("bench/job_time.py predicts a CPU job; drop --device")
-    except UsageError as e:
+            raise train.Error("bench/job_time.py predicts a CPU job; drop --device")
+    except train.Error as e:
         p.error(str(e))
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -50,17 +56,18 @@ def main(argv=None):
           f"{ours.steps} steps per model\n")
     print(f"{'model':<20}{'GFLOP/step':>11}{'s/step':>8}{'tokens/s':>10}{'GFLOP/s':>9}{'of matmul':>11}{'run min':>9}")
     run_seconds = {}
+    evaluations = len([s for s in range(1, args.max_iters + 1) if s % args.eval_interval == 0 or s == args.max_iters])
     for name, (config, step_s) in time_models(args, ctx, ours.steps).items():
-        run = progress.plan_run(name, config, args.max_iters, args.batch_size, args.eval_interval, args.eval_iters,
-                                args.max_iters)
-        rate = run.step_flops / step_s  # FLOP/s
-        run_seconds[name] = run.flops / rate
-        tokens_per_s = args.batch_size * config.block_size / step_s
-        print(f"{name:<20}{run.step_flops / 1e9:>11.2f}{step_s:>8.3f}{tokens_per_s:>10,.0f}{rate / 1e9:>9.1f}"
+        tokens_per_step = args.batch_size * config.block_size
+        step_flops = training_flops_per_token(config) * tokens_per_step
+        rate = step_flops / step_s  # FLOP/s
+        run_seconds[name] = step_s * (args.max_iters + evaluations * args.eval_iters / 3)
+        tokens_per_s = tokens_per_step / step_s
+        print(f"{name:<20}{step_flops / 1e9:>11.2f}{step_s:>8.3f}{tokens_per_s:>10,.0f}{rate / 1e9:>9.1f}"
               f"{100 * rate / 1e9 / gflops:>10.0f}%{run_seconds[name] / 60:>9.1f}")
     runs = args.seeds * len(run_seconds)
     print(f"\nestimate: {runs} runs ({len(run_seconds)} model(s) x {args.seeds} seed(s)) of {args.max_iters} steps, "
-          f"one process: about {progress.minutes(args.seeds * sum(run_seconds.values()))} in all "
+          f"one process: about {minutes(args.seeds * sum(run_seconds.values()))} in all "
           f"(one core's matmul: {gflops:.0f} GFLOP/s)")
     return 0
 

@@ -18,7 +18,6 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 import gla  # noqa: E402
 import plot  # noqa: E402
-from harness.files import atomic_write  # noqa: E402
 
 # The decode roofline. A design's arithmetic intensity (Zadouri, Strauss, Dao 2025, arXiv 2505.21487, Sec. 3) is the
 # kernel's FLOPs over the bytes it reads, call_flops / call_bytes, the formulas of bench/gpu_build.py's and
@@ -113,12 +112,12 @@ def plot_roofline(rows, path):
 
 
 def run_roofline(output):
-    """Write the roofline PNG to output (atomic_write) and print its numbers."""
+    """Write the roofline PNG to output and print its numbers."""
     if os.path.splitext(output)[1].lower() != ".png":
         raise SystemExit(f"bench/roofline.py: error: --output must end in .png, got {output!r}")
     rows = roofline_rows()
     os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
-    atomic_write({output: lambda f: plot_roofline(rows, f)})
+    plot_roofline(rows, output)
     print(f"wrote {output}\nFLOP per byte of one decode step, Lq {', '.join(map(str, ROOFLINE_LQ))}:")
     for r in rows[::len(ROOFLINE_LQ)]:
         same = [x["flop_per_byte"] for x in rows if (x["label"], x["tp"]) == (r["label"], r["tp"])]

@@ -23,7 +23,6 @@ from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
 import gla  # noqa: E402
 import train  # noqa: E402
-from harness.data import TokenData  # noqa: E402
 from bench.common import machine, matmul_gflops  # noqa: E402
 
 
@@ -38,7 +37,7 @@ def main(argv=None):
     for variant, double_heads in [(v, d) for v in gla.VARIANTS for d in (False, True)]:
         args = train.get_args(["--attn", variant] + ["--double_heads"] * double_heads)
         config = train.model_config(args, variant, double_heads)
-        data = TokenData.load(None, args.out_dir)
+        data = train.load_data(None, config.block_size)
         torch.manual_seed(args.seed)
         model = gla.GPT(config)
         optimizer = train.make_optimizer(model, args)

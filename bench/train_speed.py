@@ -6,7 +6,7 @@ the median of the timed steps after warm-up ones. HF's model (bench/common.hf_tw
 DeepSeek-V3 for MLA and GLA-2) is timed only if transformers is installed.
 
 On a CPU it first times the main job's steps (train.py's tiny preset and batch, its optimizer step) on one thread
-and prints their FLOP rate (harness/progress.training_flops_per_token) as a fraction of one
+and prints their FLOP rate (bench/common.training_flops_per_token) as a fraction of one
 core's float32 matmul GFLOP/s (bench/common.matmul_gflops).
 
     python bench/train_speed.py [--preset tiny] [--device cpu] [--compile]
@@ -22,11 +22,8 @@ import torch  # noqa: E402
 
 import gla  # noqa: E402
 import train  # noqa: E402
-from harness.context import setup_context  # noqa: E402
-from harness.stops import UsageError  # noqa: E402
-from harness.progress import training_flops_per_token  # noqa: E402
 from bench.common import (hf_twin, import_transformers, machine, matmul_gflops, time_interleaved,  # noqa: E402
-                          time_models)
+                          time_models, training_flops_per_token)
 
 SHAPES = ((16, 128), (8, 512))  # (sequences, tokens each) per training step
 STEPS, WARMUP = 6, 2
@@ -44,7 +41,7 @@ def main_job_fraction():
         print(f"the main job (train.py --attn all: tiny preset, {args.batch_size} x {args.max_iters} steps per run), "
               f"one thread; one core's float32 matmul (1024^3 torch.mm): {gflops:.1f} GFLOP/s")
         print(f"{'model':<20}{'tokens/s':>9}{'MFLOP/token':>12}{'GFLOP/s':>9}{'of matmul':>11}")
-        for name, (config, step_s) in time_models(args, setup_context("cpu"), MAIN_JOB_STEPS).items():
+        for name, (config, step_s) in time_models(args, train.setup("cpu"), MAIN_JOB_STEPS).items():
             tokens_per_s = args.batch_size * config.block_size / step_s
             flops_per_token = training_flops_per_token(config)
             rate = tokens_per_s * flops_per_token / 1e9
@@ -65,8 +62,8 @@ def main(argv=None):
     p.add_argument("--compile", action="store_true", help="torch.compile our models")
     args = p.parse_args(argv)
     try:
-        ctx = setup_context(args.device, args.dtype)  # train.py's device and dtype, checked the same way
-    except UsageError as e:
+        ctx = train.setup(args.device, args.dtype)  # train.py's device and dtype, checked the same way
+    except train.Error as e:
         p.error(str(e))
     device = ctx.device
     try:

@@ -40,7 +40,7 @@ import gla
 import kernels
 import plot
 import train
-from bench import common, decode_cpu, gpu_build, gpu_check, job_time, roofline, train_speed
+from bench import common, decode_cpu, gpu_build, gpu_check, job_time, replot, roofline, train_speed
 from bench import memory as memory_bench
 from train import TokenData, permute
 
@@ -1472,19 +1472,24 @@ LABELS = [plot.STYLE[v][0] for v in plot.VARIANTS]
 
 
 def _run_config(run, seed, **changes):
-    """config.json as train.py writes it for `run` (e.g. "mla_double_heads") at the tiny preset and `seed`; changes:
-    {"part.key": value} set on top (e.g. {"train.learning_rate": 9e-3})."""
+    """config.json as train.py writes it for `run` (e.g. "mla_double_heads") at the tiny preset and `seed`, its data
+    part the token counts and a source naming a path of the run's own; changes: {"part.key": value} set on top (e.g.
+    {"train.learning_rate": 9e-3}), or {"data": {...}} for the data part but its source (e.g. the former layout,
+    {"fingerprint": "0109738b1939d75b"})."""
     variant = run.removesuffix("_double_heads")
     double = run.endswith("_double_heads")
     model = dataclasses.asdict(gla.make_config("tiny", variant, double_heads=double))
     train_spec = {"preset": "tiny", "max_iters": 400, "batch_size": 16, "grad_accum": 1, "learning_rate": 2e-3,
                   "warmup_iters": 200, "weight_decay": 0.1, "grad_clip": 1.0, "eval_interval": 25,
                   "eval_iters": 8, "seed": seed, "init": "coupled", "dtype": "float32"}
-    config = {"model": model, "train": train_spec,
-              "data": {"fingerprint": "0109738b1939d75b", "source": f"stdlib corpus (/somewhere/{run}/corpus.txt)"}}
+    config = {"model": model, "train": train_spec, "data": {"train_tokens": 1_871_702, "val_tokens": 207_967}}
     for key, value in changes.items():
-        part, name = key.split(".")
-        config[part][name] = value
+        if key == "data":
+            config["data"] = dict(value)
+        else:
+            part, name = key.split(".")
+            config[part][name] = value
+    config["data"]["source"] = f"stdlib corpus (/somewhere/{run}/corpus.txt)"
     return config
 
 
@@ -1581,6 +1586,23 @@ def test_missing_run_warns_and_skips_variant(tmp_path, capsys):
     assert [label for label in _n_seeds(csv)] == [label for label in LABELS if label != LABELS[1]]
 
 
+def test_a_missing_or_foreign_config_json_is_one_note(tmp_path, capsys):
+    """A config.json missing from one run, or not train.py's in another: each pair left out in one note naming the
+    file; the other pairs are plotted."""
+    out = tmp_path / "out"
+    _write_seeds(out, seeds=(1, 2))
+    gone = out / RUNS[1] / "seed2" / "config.json"
+    foreign = out / RUNS[2] / "seed1" / "config.json"
+    gone.unlink()
+    foreign.write_text('{"model": {}, "train": [], "data": {}}')
+    rc, _, csv = _run_main(tmp_path, out)
+    assert rc == 0
+    assert capsys.readouterr().err.splitlines() == [
+        f"plot.py: note: {LABELS[0]} seed 2: left out: {gone} is missing or not train.py's",
+        f"plot.py: note: {LABELS[1]} seed 1: left out: {foreign} is missing or not train.py's"]
+    assert _n_seeds(csv) == {LABELS[0]: "1", LABELS[1]: "1", LABELS[2]: "2"}
+
+
 @pytest.mark.parametrize("case", ["nonexistent", "empty", "no_complete_variant"])
 def test_no_usable_runs_exit_2_without_outputs(tmp_path, capsys, case):
     out = tmp_path / "out"
@@ -1648,7 +1670,7 @@ def test_seeds_missing_one_run_are_left_out_with_a_note(tmp_path, capsys):
     shutil.rmtree(gone)
     rc, _, csv = _run_main(tmp_path, out)
     assert rc == 0
-    assert f"{LABELS[1]}: seed 3 has only one of its two runs ({gone} has no metrics.jsonl)" in capsys.readouterr().err
+    assert capsys.readouterr().err == f"plot.py: note: {LABELS[1]} seed 3: left out: {gone} has no metrics.jsonl\n"
     rows = list(csv_rows(csv))
     assert _n_seeds(csv) == {label: "2" if label == LABELS[1] else "3" for label in LABELS}
     first = [r for r in rows if r["variant"] == LABELS[0]][0]  # seeds' dL: d, d + 0.002, d + 0.004
@@ -1691,35 +1713,46 @@ def test_plot_imports_neither_torch_nor_the_model():
     assert done.returncode == 0, done.stderr[-500:]
 
 
-@pytest.mark.parametrize("setting, value", [("train.learning_rate", 9e-3), ("data.fingerprint", "ffffffffffffffff"),
-                                            ("train.init", "independent"), ("model.n_embd", 128)])
-def test_a_pair_whose_settings_differ_is_left_out_and_named(tmp_path, capsys, setting, value):
+OLD_DATA = {"data": {"fingerprint": "0109738b1939d75b"}}  # train.py's former data part: a content hash, no counts
+
+
+@pytest.mark.parametrize("layout", [{}, OLD_DATA], ids=["token_counts", "fingerprint"])
+@pytest.mark.parametrize("setting, value", [("train.learning_rate", 9e-3), ("data.train_tokens", 1_000_000),
+                                            ("data.fingerprint", "ffffffffffffffff"), ("train.init", "independent"),
+                                            ("model.n_embd", 128)])
+def test_a_pair_whose_settings_differ_is_left_out_and_named(tmp_path, capsys, layout, setting, value):
     """Seed 2's double-heads run of the second variant differs from its baseline in one setting: that pair is left
     out in one line naming the runs and the setting; the other pairs are plotted. A data source that differs only
-    in its path (every run's data.source here) is the same data, and n_head and ffn_hidden differ in every pair."""
+    in its path (every run's data.source here) is the same data, in either layout of config.json's data part, and
+    n_head and ffn_hidden differ in every pair."""
     out = tmp_path / "out"
-    _write_seeds(out, seeds=(1, 2))
+    _write_seeds(out, seeds=(1, 2), config=layout)
     variant = plot.VARIANTS[1]
     tokens, losses = _synthetic()
-    _write_run(out, f"{variant}_double_heads/seed2", tokens, losses[f"{variant}_double_heads"], config={setting: value})
+    _write_run(out, f"{variant}_double_heads/seed2", tokens, losses[f"{variant}_double_heads"],
+               config={**layout, setting: value})
     rc, _, csv = _run_main(tmp_path, out)
     assert rc == 0
-    notes = [line for line in capsys.readouterr().err.splitlines() if "left out" in line]
-    assert len(notes) == 1 and f"{LABELS[1]} seed 2" in notes[0] and setting in notes[0]
-    assert f"{variant}/seed2" in notes[0] and f"{variant}_double_heads/seed2" in notes[0]
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith(f"plot.py: note: {LABELS[1]} seed 2: left out: ") and setting in err[0]
+    assert f"{variant}/seed2" in err[0] and f"{variant}_double_heads/seed2" in err[0]
     assert _n_seeds(csv) == {label: "1" if label == LABELS[1] else "2" for label in LABELS}
 
 
-def test_pairs_from_another_schedule_are_left_out_and_no_pair_is_refused(tmp_path, capsys):
-    """An interrupted --overwrite leaves seed 2 of the first variant at another learning rate in both runs: a pair,
-    but not of this figure's schedule, so it is left out, in one line. When no pair is left, the plot is refused."""
+@pytest.mark.parametrize("setting, value, why", [("train.learning_rate", 4e-3, "train.learning_rate: 0.004 vs 0.002"),
+                                                 ("data.val_tokens", 5, "data.val_tokens: 5 vs 207967")])
+def test_pairs_from_another_setting_are_left_out_and_no_pair_is_refused(tmp_path, capsys, setting, value, why):
+    """An interrupted --overwrite (or another --data) leaves seed 2 of the first variant at another learning rate
+    (or on other data) in both runs: a pair, but not of this figure's setting, so it is left out, in one line. When no
+    pair is left, the plot is refused."""
     out = tmp_path / "out"
     _write_seeds(out, seeds=(1, 2))
-    _write_seeds(out, seeds=(2,), runs=RUNS[:2], config={"train.learning_rate": 4e-3})
+    _write_seeds(out, seeds=(2,), runs=RUNS[:2], config={setting: value})
     rc, png, csv = _run_main(tmp_path, out)
     assert rc == 0
-    notes = [line for line in capsys.readouterr().err.splitlines() if "left out" in line]
-    assert len(notes) == 1 and f"{LABELS[0]} seed 2" in notes[0] and "train.learning_rate: 0.004 vs 0.002" in notes[0]
+    err = capsys.readouterr().err.splitlines()
+    assert err == [f"plot.py: note: {LABELS[0]} seed 2: left out: {out / RUNS[0] / 'seed2'} differs from the "
+                   f"figure's other pairs in {why}"]
     assert _n_seeds(csv) == {label: "1" if label == LABELS[0] else "2" for label in LABELS}
     png.unlink()
     csv.unlink()
@@ -1742,9 +1775,9 @@ def test_a_seed_still_training_is_left_out_and_the_finished_ones_kept(tmp_path, 
     rc, _, csv = _run_main(tmp_path, out)
     assert rc == 0
     err = capsys.readouterr().err
-    assert f"{LABELS[-1]}: 1 seed(s) still short of 4,000,000 tokens (seed 3 at 1,500,000); plotting the 2" in err
-    assert f"{LABELS[0]}: 1 seed(s) still short of 4,000,000 tokens (seed 3 at 0); plotting the 2" in err
-    assert len(err.strip().splitlines()) == 2  # one line per variant, no other note
+    assert f"{LABELS[-1]} seed 3: left out: still training (at 1,500,000 tokens, the others at 4,000,000)" in err
+    assert f"{LABELS[0]} seed 3: left out: its two runs share no evaluation yet" in err
+    assert len(err.strip().splitlines()) == 2  # one line per seed left out, no other note
     assert _n_seeds(csv) == {label: "2" if label in (LABELS[0], LABELS[-1]) else "3" for label in LABELS}
     assert [int(r["tokens"]) for r in csv_rows(csv) if r["variant"] == LABELS[-1]] == list(tokens)
 
@@ -1770,43 +1803,50 @@ def _t_cdf(t, df):
     return 0.5 + h / 3 * (density[0] + density[-1] + 4 * density[1:-1:2].sum() + 2 * density[2:-1:2].sum())
 
 
-@pytest.mark.parametrize("df", [*range(1, len(plot.T975) + 1), 31, 40, 100])
+@pytest.mark.parametrize("df", [*range(1, len(plot.T975) + 1), 31, 40, 100, 10_000])
 def test_t975_is_the_two_sided_95_percent_quantile(df):
-    assert _t_cdf(plot.t975(df), df) == pytest.approx(0.975, abs=2e-5)
+    """The table's t(0.975, df); beyond it, the df-30 value: an interval a little wide, never narrow."""
+    if df <= len(plot.T975):
+        assert _t_cdf(plot.t975(df), df) == pytest.approx(0.975, abs=2e-5)
+    else:
+        assert plot.t975(df) == plot.T975[-1] and 0.975 < _t_cdf(plot.t975(df), df) < 0.98
 
 
-def test_from_csv_redraws_a_figure_from_its_own_csv(tmp_path, capsys):
-    """--from_csv rebuilds the curves from each seed's dL in a CSV that plot.py wrote: the same CSV comes back."""
+def test_replot_redraws_a_figure_from_its_own_csv(tmp_path, capsys):
+    """bench/replot.py rebuilds the curves from each seed's dL in a CSV that plot.py wrote (written again, they are
+    the same CSV) and draws the figure from them."""
     out = tmp_path / "out"
     _write_seeds(out, seeds=(1, 2, 3), shifts=(0.0, 0.003, -0.001))
     rc, png, csv = _run_main(tmp_path, out)
     assert rc == 0
+    assert plot.csv_text(*replot.read_csv_curves(csv)) == csv.read_bytes()
     again = tmp_path / "again.png"
-    assert plot.main(["--from_csv", str(csv), "--output", str(again)]) == 0
-    assert again.read_bytes()[:8] == PNG_MAGIC and again.with_suffix(".csv").read_text() == csv.read_text()
+    assert replot.main([str(csv), "--output", str(again)]) == 0
+    assert again.read_bytes()[:8] == PNG_MAGIC and not again.with_suffix(".csv").exists()
     assert f"{LABELS[0]:<6} 3 seed(s)" in capsys.readouterr().out
     (tmp_path / "bad.csv").write_text("variant,tokens\nGQA,1\n")
-    assert plot.main(["--from_csv", str(tmp_path / "bad.csv"), "--output", str(again)]) == 2
+    assert replot.main([str(tmp_path / "bad.csv"), "--output", str(again)]) == 2
     assert "not a CSV as plot.py writes it" in capsys.readouterr().err
-    assert plot.main(["--from_csv", str(csv), "--out_dir", str(out), "--output", str(again)]) == 2
+    assert replot.main([str(csv), "--out_dir", str(out), "--output", str(again)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "not allowed with argument" in err[0]
+    assert len(err) == 1 and err[0].startswith("replot.py: error: unrecognized arguments: --out_dir")
 
 
-def test_from_csv_cannot_write_over_its_input(tmp_path, capsys):
-    """--from_csv X.csv --output X.png would write the new CSV over X.csv, the one copy of every seed's dL: refused
-    in one line, however the two paths are spelled, and X.csv is left as it was."""
+def test_replot_writes_the_png_beside_its_csv_and_leaves_the_csv_as_it_was(tmp_path, capsys):
+    """X.csv redrawn (--output defaults to X.png) leaves X.csv byte for byte, even where plot.py would write it
+    otherwise (here with CRLF line ends): the CSV is the one copy of every seed's dL."""
     out = tmp_path / "out"
     _write_seeds(out)
     rc, png, csv = _run_main(tmp_path, out)
     assert rc == 0
-    csv.write_text(csv.read_text().replace("nats/byte", "nats/token"))  # differs from what a redraw would write
+    png.unlink()
+    csv.write_bytes(csv.read_bytes().replace(b"\n", b"\r\n"))
     before = csv.read_bytes()
-    for output in (png, png.parent / ".." / png.parent.name / png.name):
-        assert plot.main(["--from_csv", str(csv), "--output", str(output)]) == 2
-        err = capsys.readouterr().err.strip().splitlines()
-        assert len(err) == 1 and "would write its CSV over the input" in err[0]
-        assert csv.read_bytes() == before
+    capsys.readouterr()
+    assert replot.main([str(csv)]) == 0
+    assert csv.read_bytes() == before and png.read_bytes()[:8] == PNG_MAGIC
+    assert sorted(p.name for p in png.parent.iterdir()) == ["ablation.csv", "ablation.png"]
+    assert capsys.readouterr().out.startswith(f"wrote {png}\n")
 
 
 def test_the_title_names_the_setting_from_the_runs_and_from_the_csv(tmp_path, monkeypatch):
@@ -1830,12 +1870,12 @@ def test_the_title_names_the_setting_from_the_runs_and_from_the_csv(tmp_path, mo
     assert rc == 0
     assert titles[0].splitlines()[1] == ("preset tiny, width 128, 8 and 16 query heads, 3,000 steps, lr 0.008 "
                                          "(warm-up 800), independent init; seeds 1340, 1341, 1342")
-    assert plot.main(["--from_csv", str(csv), "--output", str(tmp_path / "again.png")]) == 0
+    assert replot.main([str(csv), "--output", str(tmp_path / "again.png")]) == 0
     assert titles[1] == titles[0]
     assert {r["setting"] for r in csv_rows(csv)} == {titles[0].splitlines()[1].split(";")[0]}
 
 
-def test_from_csv_of_edited_values_is_one_line(tmp_path, capsys):
+def test_replot_of_edited_values_is_one_line(tmp_path, capsys):
     """A CSV edited by hand (an unknown variant, nan / inf / 1e308, n_seeds not a number, tokens too large or not
     increasing, a made-up unit, two settings) is one line and exit 2, and nothing is written."""
     import csv
@@ -1857,9 +1897,9 @@ def test_from_csv_of_edited_values_is_one_line(tmp_path, capsys):
             writer = csv.DictWriter(f, fieldnames=list(rows[0]))
             writer.writeheader()
             writer.writerows(edited)
-        assert plot.main(["--from_csv", str(bad), "--output", str(tmp_path / "x.png")]) == 2, words
+        assert replot.main([str(bad), "--output", str(tmp_path / "x.png")]) == 2, words
         err = capsys.readouterr().err
-        assert words in err and err.count("\n") == 1 and err.startswith("plot.py: error:"), (words, err)
+        assert words in err and err.count("\n") == 1 and err.startswith("replot.py: error:"), (words, err)
     assert not (tmp_path / "x.png").exists()
 
 

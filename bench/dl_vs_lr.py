@@ -32,6 +32,7 @@ RATES = (2e-3, 4e-3, 8e-3, 1.6e-2)
 VARIANT_COLUMNS = {"GQA": "dL_gqa", "MLA": "dL_mla", "GLA-2": "dL_gla2"}
 MACHINE_MARKERS = {"EPYC": "o", "Xeon": "^"}
 TARGET_HALF_WIDTH = 0.005  # the 95% interval that would resolve the paper's size of effect
+Z975 = 1.959964  # the normal distribution's two-sided 95% quantile
 
 
 def read_sweeps(path=SWEEPS_CSV):
@@ -175,7 +176,7 @@ def report(rows, points):
     sds = [float(np.std([r[column] for r in points[rate]], ddof=1)) for rate in RATES for column in
            VARIANT_COLUMNS.values()]
     pooled = math.sqrt(sum(s * s for s in sds) / len(sds))
-    z_seeds = (2 * plot.Z975 * pooled / TARGET_HALF_WIDTH) ** 2 / 4
+    z_seeds = (2 * Z975 * pooled / TARGET_HALF_WIDTH) ** 2 / 4
     print(f"seed SD of final dL at P1 (4 rates x 3 variants, 3 df each): {min(sds):.4f} to {max(sds):.4f}, pooled "
           f"{pooled:.4f}; a 95% interval of +-{TARGET_HALF_WIDTH} needs n = (2 x 1.96 x {pooled:.4f} / "
           f"{TARGET_HALF_WIDTH})^2 / 4 = {z_seeds:.1f} seeds (normal), {seeds_needed(pooled)} (t), "

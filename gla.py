@@ -235,8 +235,15 @@ class SwiGLU(nn.Module):
         return self.w3(F.silu(self.w1(x)) * self.w2(x))
 
 
-# ---- The attention designs take x (B, T, n_embd), the RoPE angles and slots (None to train, else CacheSlots) -------
-# and write the T new tokens into self.cache; a prompt attends through SDPA, a decode step through the decode kernel.
+# ---- The attention designs take x (B, T, n_embd) and the RoPE angles; to decode, also the new tokens' positions -----
+# (B, T) and max_seqlen, a host-side bound on the cache's length with them (None: training, no cache). They write the
+# T new tokens into self.cache; a prompt then attends through SDPA, a decode step through the decode kernel.
+def uses_decode_kernel(positions, max_seqlen):
+    """Up to MAX_LQ new tokens after cached ones attend through the decode kernel (MLA / GLA: in the absorbed form);
+    a prompt, or a longer chunk, through SDPA."""
+    return positions.shape[1] <= MAX_LQ and max_seqlen > positions.shape[1]
+
+
 class GroupedQueryAttention(nn.Module):
     """GQA (Ainslie et al. 2023, Sec. 2.2): query head h reads KV head h // (n_head / n_kv_head). Cache: roped K, V."""
     def __init__(self, config):
@@ -249,19 +256,21 @@ class GroupedQueryAttention(nn.Module):
         self.wo = nn.Linear(c.n_head * c.head_dim, c.n_embd, bias=False)
         self.cache = None
 
-    def forward(self, x, cos, sin, slots=None):
+    def forward(self, x, cos, sin, positions=None, max_seqlen=None):
         B, T, _ = x.shape
         q = apply_rope(self.wq(x).view(B, T, self.n_head, self.head_dim), cos, sin)  # (B, T, H, D)
         k = apply_rope(self.wk(x).view(B, T, self.n_kv_head, self.head_dim), cos, sin)  # (B, T, Hkv, D)
         v = self.wv(x).view(B, T, self.n_kv_head, self.head_dim)  # (B, T, Hkv, D)
-        mask = None
-        if slots is not None:
-            self.cache.update(k, v, slots)
-            if slots.use_decode_attention:
-                return self.wo(self.cache.attend(q, slots).reshape(B, T, -1))
-            k, v = self.cache.prefix(slots, q.dtype)  # (B, S, Hkv, D): every cached token, the new ones too
-            mask = slots.prefill_mask()
-        return self.wo(causal_attention(q, k, v, attn_mask=mask).reshape(B, T, -1))
+        if max_seqlen is None:  # training
+            y = causal_attention(q, k, v)
+        else:
+            self.cache.update(k, v, positions)
+            if uses_decode_kernel(positions, max_seqlen):
+                y = self.cache.attend(q, positions, max_seqlen)
+            else:
+                k, v, mask = self.cache.prefix(positions, max_seqlen, q.dtype)  # (B, S, Hkv, D): all cached tokens
+                y = causal_attention(q, k, v, attn_mask=mask)
+        return self.wo(y.reshape(B, T, -1))
 
 
 class LatentAttention(nn.Module):
@@ -295,7 +304,7 @@ class LatentAttention(nn.Module):
         self.wo = nn.Linear(c.n_head * self.v_dim, c.n_embd, bias=False)
         self.cache = None
 
-    def forward(self, x, cos, sin, slots=None):
+    def forward(self, x, cos, sin, positions=None, max_seqlen=None):
         B, T, _ = x.shape
         H, g, r = self.n_head, self.g, self.r
         q = self.wq_b(self.q_norm(self.wq_a(x)) * self.q_scale).view(B, T, H, self.nope_dim + self.rope_dim)
@@ -306,13 +315,12 @@ class LatentAttention(nn.Module):
         latent = torch.stack([norm(latent[:, :, j]) for j, norm in enumerate(self.kv_norm)], dim=2) * self.kv_scale
         k_rope = apply_rope(k_rope.view(B, T, 1, self.rope_dim), cos, sin)  # (B, T, 1, rope), shared by all heads
         w_uk, w_uv = self.wkv_b.split([self.nope_dim, self.v_dim], dim=2)  # (g, H/g, nope, r), (g, H/g, v, r)
-        if slots is None or not slots.use_decode_attention:
+        if max_seqlen is None or not uses_decode_kernel(positions, max_seqlen):
             # Naive form (training, and a prompt): rebuild every head's key and value from its group's latent.
             mask = None
-            if slots is not None:  # a prompt attends over every cached token, the new ones too
-                self.cache.update(k_rope, latent, slots)
-                k_rope, latent = self.cache.prefix(slots, q.dtype)  # (B, S, 1, rope), (B, S, g, r)
-                mask = slots.prefill_mask()
+            if max_seqlen is not None:  # a prompt attends over every cached token, the new ones too
+                self.cache.update(k_rope, latent, positions)
+                k_rope, latent, mask = self.cache.prefix(positions, max_seqlen, q.dtype)  # (B, S, 1 or g, .)
             S = latent.shape[1]
             k_nope = torch.einsum("btgr,ghdr->btghd", latent, w_uk).reshape(B, S, H, self.nope_dim)
             v = torch.einsum("btgr,ghdr->btghd", latent, w_uv).reshape(B, S, H, self.v_dim)
@@ -325,10 +333,10 @@ class LatentAttention(nn.Module):
             # token. Likewise sum_s p_s (W_UV c_s) = W_UV (sum_s p_s c_s): we attend over the latent itself and
             # up-project the result once. So the cache holds only c and k_rope, and decode is MQA-shaped (MLA) or
             # GQA-shaped with g groups (GLA): the latent is both the value and the non-rope part of the key.
-            self.cache.update(k_rope, latent, slots)
+            self.cache.update(k_rope, latent, positions)
             qv = torch.einsum("btghd,ghdr->btghr", q_nope.view(B, T, g, H // g, self.nope_dim), w_uk)
             # The naive form's scale, 1/sqrt(nope + rope): not the kernel's default, 1/sqrt(rope + r).
-            o = self.cache.attend(q_rope, slots, qv=qv.reshape(B, T, H, r), softmax_scale=self.softmax_scale)
+            o = self.cache.attend(q_rope, positions, max_seqlen, qv.reshape(B, T, H, r), self.softmax_scale)
             y = torch.einsum("btghr,ghdr->btghd", o.view(B, T, g, H // g, r), w_uv)  # o: in latent space
         return self.wo(y.reshape(B, T, -1))
 
@@ -345,33 +353,12 @@ class Block(nn.Module):
         self.mlp_norm = nn.RMSNorm(config.n_embd, eps=config.norm_eps)
         self.mlp = SwiGLU(config.n_embd, config.ffn_hidden)
 
-    def forward(self, x, cos, sin, slots=None):
-        x = x + self.attn(self.attn_norm(x), cos, sin, slots)
+    def forward(self, x, cos, sin, positions=None, max_seqlen=None):
+        x = x + self.attn(self.attn_norm(x), cos, sin, positions, max_seqlen)
         return x + self.mlp(self.mlp_norm(x))
 
 
 # ---- The decode cache ------------------------------------------------------------------------------------------------
-class CacheSlots(NamedTuple):
-    """Where one GPT.decode call's Lq new tokens go, in every layer: positions (B, Lq) int64, their cache slots and
-    RoPE positions; seqlens (B,) int32, the tokens cached once they are written (the kernel's cache_seqlens);
-    max_seqlen, a host-side bound on seqlens, so that slicing the cache never waits for a GPU; decode_mask, the CPU
-    decode path's kernels.decode_mask(positions, max_seqlen), built once for every layer (None: each builds one)."""
-    positions: torch.Tensor
-    seqlens: torch.Tensor
-    max_seqlen: int
-    decode_mask: torch.Tensor | None = None
-
-    @property
-    def use_decode_attention(self):
-        """Up to MAX_LQ new tokens after cached ones use the decode kernel (MLA / GLA: absorbed); others SDPA."""
-        return self.positions.shape[1] <= MAX_LQ and self.max_seqlen > self.positions.shape[1]
-
-    def prefill_mask(self):
-        """SDPA's mask (B, 1, Lq, max_seqlen) for a chunk after cached tokens: kernels.decode_mask, each new token
-        seeing the cache up to its own position. None for a prompt (plain causal)."""
-        return None if self.max_seqlen == self.positions.shape[1] else decode_mask(self.positions, self.max_seqlen)
-
-
 class KVCache(nn.Module):
     """One layer's decode cache, preallocated and written in place: no step reallocates it, and torch.compile sees
     the same shapes every step. k_cache (B, Hk, S, Dk): GQA's roped keys, or MLA / GLA's one shared roped key; v_cache
@@ -383,25 +370,29 @@ class KVCache(nn.Module):
             self.register_buffer(name, torch.zeros(batch_size, heads, max_seq_len, dim, device=device, dtype=dtype),
                                  persistent=False)
 
-    def update(self, k, v, slots):
-        """Write the new tokens' k (B, Lq, Hk, Dk) and v (B, Lq, Hkv, Dv) at slots.positions."""
-        at = (torch.arange(k.shape[0], device=k.device)[:, None], slots.positions)  # rows (B, 1), positions (B, Lq)
+    def update(self, k, v, positions):
+        """Write the new tokens' k (B, Lq, Hk, Dk) and v (B, Lq, Hkv, Dv) at positions (B, Lq) int64."""
+        at = (torch.arange(k.shape[0], device=k.device)[:, None], positions)  # rows (B, 1), positions (B, Lq)
         self.k_cache.transpose(1, 2).index_put_(at, k.to(self.k_cache.dtype))
         self.v_cache.transpose(1, 2).index_put_(at, v.to(self.v_cache.dtype))
 
-    def prefix(self, slots, dtype):
-        """The first slots.max_seqlen cached tokens in dtype: k (B, S, Hk, Dk), v (B, S, Hkv, Dv)."""
-        return tuple(c[:, :, :slots.max_seqlen].transpose(1, 2).to(dtype) for c in (self.k_cache, self.v_cache))
+    def prefix(self, positions, max_seqlen, dtype):
+        """What new tokens at positions (B, Lq) attend over through SDPA: the first max_seqlen cached tokens in dtype,
+        k (B, S, Hk, Dk) and v (B, S, Hkv, Dv), and the mask (B, 1, Lq, S) that lets each new token see the cache up
+        to its own position (kernels.decode_mask; None for a prompt from the start: plain causal)."""
+        k, v = (c[:, :, :max_seqlen].transpose(1, 2).to(dtype) for c in (self.k_cache, self.v_cache))
+        mask = None if max_seqlen == positions.shape[1] else decode_mask(positions, max_seqlen)
+        return k, v, mask
 
-    def attend(self, q, slots, qv=None, softmax_scale=None):
-        """Decode attention of q (B, Lq, Hq, Dk) (and qv) over the cache, the new tokens included: (B, Lq, Hq, Dv)
-        in q's dtype. The Triton kernel on CUDA, else the PyTorch reference."""
+    def attend(self, q, positions, max_seqlen, qv=None, softmax_scale=None):
+        """Decode attention of new tokens at positions (B, Lq): q (B, Lq, Hq, Dk) (and qv) over the cache, the new
+        tokens included -> (B, Lq, Hq, Dv) in q's dtype. The Triton kernel on CUDA, else the PyTorch reference."""
         dtype = self.k_cache.dtype  # in the cache's dtype (autocast may have made q bf16)
-        args = (q.to(dtype), self.k_cache.transpose(1, 2), self.v_cache.transpose(1, 2), slots.seqlens,
+        seqlens = (positions[:, -1] + 1).to(torch.int32)  # cached tokens, the new ones written: cache_seqlens
+        args = (q.to(dtype), self.k_cache.transpose(1, 2), self.v_cache.transpose(1, 2), seqlens,
                 None if qv is None else qv.to(dtype), softmax_scale)
-        if q.is_cuda:
-            return decode_attention(*args, max_seqlen=slots.max_seqlen).to(q.dtype)
-        return decode_attention_ref(*args, max_seqlen=slots.max_seqlen, mask=slots.decode_mask).to(q.dtype)
+        kernel = decode_attention if q.is_cuda else decode_attention_ref
+        return kernel(*args, max_seqlen=max_seqlen).to(q.dtype)
 
 
 # ---- The model: training forward, decode, generate -------------------------------------------------------------------
@@ -446,11 +437,11 @@ class GPT(nn.Module):
         """Parameter count, the tied embedding once."""
         return sum(p.numel() for p in self.parameters())
 
-    def _run(self, idx, positions, slots=None):
+    def _run(self, idx, positions, max_seqlen=None):
         cos, sin = rope_cos_sin(positions, self.config.rope_dim, self.config.rope_theta)
         x = self.tok_emb(idx)
         for block in self.blocks:
-            x = block(x, cos, sin, slots)
+            x = block(x, cos, sin, positions, max_seqlen)
         return self.lm_head(self.norm(x))
 
     def forward(self, idx, targets=None):
@@ -488,10 +479,7 @@ class GPT(nn.Module):
             max_seqlen = int(cache_seqlens.max()) + Lq  # the cache is sliced to a host-side length: a GPU sync
         assert max_seqlen <= cache.k_cache.shape[2], "past the cache's max_seq_len"
         positions = cache_seqlens[:, None].long() + torch.arange(Lq, device=idx.device)  # (B, Lq)
-        slots = CacheSlots(positions, (cache_seqlens + Lq).to(torch.int32), max_seqlen)
-        if slots.use_decode_attention and not idx.is_cuda:  # the CPU decode path: one mask for every layer
-            slots = slots._replace(decode_mask=decode_mask(positions, max_seqlen))
-        return self._run(idx, positions, slots)
+        return self._run(idx, positions, max_seqlen)
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, compile=False):
@@ -581,6 +569,10 @@ def _keep(linear, dim, *spans, width=1):
     linear.out_features, linear.in_features = linear.weight.shape
 
 
+def _all_reduce_output(module, args, output):
+    dist.all_reduce(output)
+
+
 def shard_for_tp(model, rank, tp):
     """Turn a full GPT (weights loaded) into rank's tp-way shard, in place, split as the comment above says, and return
     it. model.config becomes the shard's, so setup_cache allocates this rank's cache only, and an all-reduce hooks onto
@@ -608,6 +600,6 @@ def shard_for_tp(model, rank, tp):
         for linear, dim in (block.mlp.w1, 0), (block.mlp.w2, 0), (block.mlp.w3, 1):
             _keep(linear, dim, share.ffn)
         for module in attn, block.mlp:  # a rank's output is a partial sum (its slice of wo or w3): sum in place
-            module.register_forward_hook(lambda module, args, output: dist.all_reduce(output))
+            module.register_forward_hook(_all_reduce_output)
     model.config = share.config
     return model

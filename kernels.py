@@ -11,15 +11,6 @@ et al. 2024, arXiv 2407.08608):
 
 The kernel splits each cached sequence into slices, as Flash-Decoding does (Dao et al. 2023, "Flash-Decoding for
 long-context inference"), so that a small batch has enough programs for every SM; a second kernel combines the slices.
-Its speed on a GPU is unmeasured here.
-Decode is mostly memory bound, so a call cannot beat its floor: its bytes (the cached K and V of the valid tokens,
-each read once) over the memory bandwidth, or its FLOPs over the tensor cores' peak where a group's rows (query
-heads x new tokens) are many. A GLA-2 head group reads 256 + 64 elements per token where MLA's one group reads
-512 + 64, and under TP-2 a device holds one (bench/roofline.py draws the floors).
-
-    python bench/gpu_check.py     # on a GPU: the kernel against the reference, and the CUDA tests
-    python bench/gpu_build.py     # no GPU: each launch config compiled for sm_80/86/89/90 (--arch): fits, spills
-    python bench/kernel_speed.py  # on a GPU: time against the floor
 """
 import math
 from contextlib import nullcontext

@@ -236,7 +236,8 @@ def curves_from_runs(out_dir):
                         "pair (each needs <run>/seed<seed>/metrics.jsonl and config.json)")
     # The figure's setting is that of the most pairs (a tie: the first, in VARIANTS' and seeds' order).
     configs = [config for *_, config in pairs]
-    reference = max(configs, key=lambda c: sum(difference(c, other, arms=False) is None for other in configs))
+    agreeing = [sum(difference(c, other, arms=False) is None for other in configs) for c in configs]
+    reference = configs[agreeing.index(max(agreeing))]
     kept = {}
     for label, seed, base_dir, double_dir, config in pairs:
         why = difference(config, reference, arms=False)
@@ -286,6 +287,8 @@ def plot(curves, unit, setting, path):
     from matplotlib.patches import Patch
 
     paper, paper_text = paper_range(unit)
+    most = max(int(c.tokens.max()) for c in curves.values())
+    scale, scale_name = (1e9, "billions") if most >= 1e9 else (1e6, "millions")  # the paper's runs: 98B tokens
     fig, (whole, late, final) = plt.subplots(1, 3, figsize=(14, 5.6), gridspec_kw={"width_ratios": [4, 4, 2.2]})
     for ax in (whole, late, final):
         # The band's edge keeps it visible where the axis is so tall that the band is thinner than a pixel; the zero
@@ -298,8 +301,8 @@ def plot(curves, unit, setting, path):
         for ax, keep in ((whole, slice(None)), (late, c.tokens >= c.tokens[-1] / 2)):
             if len(c.seeds) > 1:
                 for row in c.delta:
-                    ax.plot(c.tokens[keep] / 1e6, row[keep], color=colour, lw=0.9, ls=":", zorder=2)
-            ax.plot(c.tokens[keep] / 1e6, c.mean[keep], color=colour, lw=width, marker="o", ms=size, zorder=3 + k)
+                    ax.plot(c.tokens[keep] / scale, row[keep], color=colour, lw=0.9, ls=":", zorder=2)
+            ax.plot(c.tokens[keep] / scale, c.mean[keep], color=colour, lw=width, marker="o", ms=size, zorder=3 + k)
         final.plot([k + 0.25] * len(c.seeds), c.delta[:, -1], ls="none", marker="o", ms=5, mfc="none", color=colour)
         error = [[c.mean[-1] - c.low[-1]], [c.high[-1] - c.mean[-1]]] if len(c.seeds) > 1 else None
         final.errorbar([k], [c.mean[-1]], yerr=error, color=colour, marker="s", ms=7, capsize=6, lw=1.8, capthick=1.8)
@@ -309,7 +312,7 @@ def plot(curves, unit, setting, path):
     late.set_title("Last half of training", fontsize=10)
     final.set_title("Final dL", fontsize=10)
     for ax in (whole, late):
-        ax.set_xlabel("training tokens (millions)")
+        ax.set_xlabel(f"training tokens ({scale_name})")
     whole.set_ylabel(f"dL = L(baseline) − L(double heads), {unit}")
 
     handles = []

@@ -794,7 +794,6 @@ def sample(argv):
             print(f"== {path}: {config.attn}, {config.n_head} query heads, temperature {args.temperature}",
                   text, f"-- {args.max_new_tokens} new tokens in {seconds:.3f} s (batch 1, prefill included)",
                   *reports, sep="\n", flush=True)
-    return 0
 
 
 # ----------------------------------------------------------------------------
@@ -802,7 +801,7 @@ def sample(argv):
 
 
 def main(argv=None):
-    """Check the input, then train the requested runs; returns 0. Raises Error."""
+    """Check the input, then train the requested runs. Raises Error."""
     args = get_args(argv)
     # Everything that needs neither a device nor data is checked before anything is written: every model builds (and
     # its twin, which --init coupled draws against), and no run folder holds what this command would erase.
@@ -813,10 +812,6 @@ def main(argv=None):
         check_run_folder(run_dir(args.out_dir, *run), args)
     ctx = setup(args.device, args.dtype)
     train_job(args, ctx)
-    if dist.is_initialized():  # every process waits for rank 0's last writes, then leaves
-        dist.barrier()
-        dist.destroy_process_group()
-    return 0
 
 
 def cli(argv=None):
@@ -826,8 +821,13 @@ def cli(argv=None):
     rank = f"rank {os.environ['RANK']}: " if int(os.environ.get("WORLD_SIZE", 1)) > 1 else ""
     try:
         if "--sample" in argv:
-            return sample(argv)
-        return main(argv)
+            sample(argv)
+        else:
+            main(argv)
+        if dist.is_initialized():  # under torchrun: every process waits for rank 0's last writes, then leaves
+            dist.barrier()
+            dist.destroy_process_group()
+        return 0
     except Error as e:
         print(f"train.py: {'error: ' if e.status < 128 else ''}{rank}{e}", file=sys.stderr)
         return e.status

@@ -1966,7 +1966,7 @@ def test_roofline_figure(tmp_path, capsys):
 
 
 # ----------------------------------------------------------------------------
-# train.py: data, training, exact resume, the optimizer, torchrun (its machinery: harness/test_harness.py)
+# train.py: data, training, exact resume, the optimizer, torchrun
 
 # A quarter of the tiny preset's width (4 heads of 16): the tests of the training loop check what it does, not what
 # it learns, and run 3x faster at this width.

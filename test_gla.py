@@ -2408,8 +2408,8 @@ def release_logits(sd, fields, idx):
     """The release's forward (its model/*.py GPT with output_all_seq=True) written again from its names, in float64,
     independent of gla.py: pre-norm RMSNorm (eps 1e-6) blocks; GQA (c_q, c_k, c_v; query head h reads KV head
     h // group_size) or MLA / GLA-g (latent query q_a_proj -> q_a_layernorm * sqrt(n_embd / q_lora_rank) -> q_b_proj,
-    per head [nope | rope]; kv_a_proj_with_mqa -> g latents [| one shared rope key]; latent j normed, * sqrt(n_embd / r),
-    kv_b_proj[_j] -> its H/g heads' [k_nope | v]); RoPE pairing (i, i + d/2); softmax scale 1 / sqrt(q's width);
+    per head [nope | rope]; kv_a_proj_with_mqa -> g latents and one shared rope key; latent j normed, * sqrt(n_embd /
+    r), kv_b_proj[_j] -> its H/g heads' [k_nope | v]); RoPE pairing (i, i + d/2); softmax scale 1 / sqrt(q's width);
     SwiGLU silu(c_fc1) * c_fc2 -> c_proj; the tied lm_head. idx (B, T) -> logits (B, T, vocab) float64."""
     w = {k: t.double() for k, t in sd.items()}
     B, T = idx.shape
@@ -2467,8 +2467,8 @@ def test_release_checkpoint_names_and_math_are_the_releases(variant, double_head
     model = small_model(variant, double_heads)
     sd, fields = release_checkpoint(model)
     design = model.config.attn
-    assert sorted(k[len("transformer.h.0.attn."):-len(".weight")] for k in sd if k.startswith("transformer.h.0.attn.")) \
-        == sorted(RELEASE_ATTENTION_NAMES[design])
+    layer0 = [k.removeprefix("transformer.h.0.attn.").removesuffix(".weight") for k in sd if ".h.0.attn." in k]
+    assert sorted(layer0) == sorted(RELEASE_ATTENTION_NAMES[design])
     idx = torch.randint(0, model.config.vocab_size, (1, 16))
     with torch.no_grad():
         ours, _ = model(idx)
@@ -2569,3 +2569,18 @@ def test_from_pretrained_refuses_in_one_line(tmp_path, edit, says):
         gla.GPT.from_pretrained(tmp_path)
     assert says in str(caught.value) and "\n" not in str(caught.value)
     assert isinstance(caught.value, ValueError)
+
+
+def test_pretrained_bench_writes_loads_and_tabulates_a_tiny_checkpoint(tmp_path, capsys):
+    """bench/pretrained.py at a tiny size: a sharded checkpoint in the release's layout is written, loaded in a fresh
+    process per dtype, and tabulated; the temporary folder is gone afterwards."""
+    from bench import pretrained
+    assert pretrained.main(["--preset", "tiny", "--variant", "mla", "--n_layer", "1", "--new_tokens", "2",
+                            "--prompt_len", "3", "--bandwidth_gb", "0.001", "--shard_gb", "0.001",
+                            "--dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert f"threads, torch {torch.__version__}" in out
+    assert re.search(r"wrote \S+ GB of float32 in \d+ s: \d+ file\(s\), pytorch_model-00001-of-000\d\d\.bin", out)
+    for dtype in "float32", "bfloat16":
+        assert re.search(rf"^\| {dtype} \| [\d.e-]+ \| [\d.]+ \| [\d.]+ \([\d.]+x\) \|", out, re.M), out
+    assert re.search(r"load average before: [\d.]+ ", out) and not list(tmp_path.iterdir())

@@ -26,6 +26,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # the repository's modules
@@ -137,15 +138,29 @@ def memory_status():
     return status
 
 
+def peak_anonymous(stop, peak, interval=0.01):
+    """Sample this process's RssAnon every `interval` seconds until `stop` is set, keeping the largest in peak[0]:
+    VmHWM counts the memory-mapped .bin pages a load has read too, which the kernel may drop and read again; the
+    anonymous memory (the converted copies, the restacked wkv_b) is what the load must really hold."""
+    while not stop.wait(interval):
+        peak[0] = max(peak[0], memory_status()["RssAnon"])
+
+
 def measure(folder, dtype, prompt_len, new_tokens):
     """In this (fresh) process: load folder with gla.GPT.from_pretrained in dtype, then decode new_tokens greedy
     tokens one at a time after a random prompt_len-token prompt. A dict: load seconds, memory_status before and after
-    the load and after decoding, the median decode step's seconds, the weights' bytes in dtype."""
+    the load (with the load's sampled peak of anonymous memory) and after decoding, the median decode step's seconds,
+    the weights' bytes in dtype."""
     before = memory_status()  # Python, torch and gla imported
+    stop, peak = threading.Event(), [before["RssAnon"]]
+    sampler = threading.Thread(target=peak_anonymous, args=(stop, peak), daemon=True)
+    sampler.start()
     t = time.perf_counter()
     model = gla.GPT.from_pretrained(folder, dtype=DTYPES[dtype])
     load_seconds = time.perf_counter() - t
-    after_load = memory_status()
+    stop.set()
+    sampler.join()
+    after_load = dict(memory_status(), peak_anonymous=max(peak[0], memory_status()["RssAnon"]))
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     model.setup_cache(1, prompt_len + new_tokens)
     prompt = torch.randint(model.config.vocab_size, (1, prompt_len), generator=torch.Generator().manual_seed(0))
@@ -215,15 +230,18 @@ def main(argv=None):
             rows.append((dtype, json.loads(r.stdout.strip().splitlines()[-1])))
     load = os.getloadavg()
     print(f"load average after: {' '.join(f'{x:.2f}' for x in load)} (1, 5, 15 min)")
-    print("\nMemory in GB; x: its growth over the process before loading (Python, torch), per weights' byte.\n")
-    print("| dtype | weights | before load | peak after load | peak after decode | anon / file-backed then | load s "
-          "| decode s/token | floor s/token (weights / bandwidth) | tokens/s |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("\nMemory in GB; x: its growth over the process before loading (Python, torch), per weights' byte. Peaks: "
+          "VmHWM, the memory-mapped .bin pages read included; anon: the load's sampled peak of anonymous memory.\n")
+    print("| dtype | weights | before load | peak after load | its anon peak | peak after decode | anon / file-backed "
+          "then | load s | decode s/token | floor s/token (weights / bandwidth) | tokens/s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for dtype, m in rows:
         w, base = m["weight_bytes"], m["before"]["VmRSS"]
         peaks = [f"{m[when]['VmHWM'] / GB:.3g} ({(m[when]['VmHWM'] - base) / w:.2f}x)" for when in ("after_load",
                                                                                                 "after_decode")]
-        print(f"| {dtype} | {w / GB:.3g} | {base / GB:.3g} | {peaks[0]} | {peaks[1]} | "
+        anon = m["after_load"]["peak_anonymous"]
+        print(f"| {dtype} | {w / GB:.3g} | {base / GB:.3g} | {peaks[0]} | {anon / GB:.3g} "
+              f"({(anon - m['before']['RssAnon']) / w:.2f}x) | {peaks[1]} | "
               f"{m['after_decode']['RssAnon'] / GB:.3g} / {m['after_decode']['RssFile'] / GB:.3g} "
               f"| {m['load_seconds']:.3g} | {m['step_seconds']:.3g} | {w / bandwidth:.3g} "
               f"| {1 / m['step_seconds']:.3g} |")

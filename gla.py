@@ -544,7 +544,8 @@ def sample(logits, temperature=1.0, top_k=None):
 # Its model/gqa.py, mla.py, gla_2.py save by transformers' save_pretrained(dir, safe_serialization=False) (on the Hub:
 # Soughing/MLRA): config.json and pytorch_model.bin, past 5 GB pytorch_model-0000k-of-0000n.bin shards, float32, the
 # tied matrix under two names. Their math is ours (pre-norm RMSNorm, eps 1e-6; RoPE pairs (i, i + dim/2), theta 10000;
-# latents * sqrt(n_embd / rank) after their norms). The tables: the release's module names (".weight" stored) -> ours.
+# latents * sqrt(n_embd / rank) after their norms), but for float32 rounding: e.g. RoPE's inverse frequencies, theirs
+# 1 / theta^(2i/d), ours theta^(-2i/d), differ in the last bit. The tables: their module names (".weight") -> ours.
 RELEASE_MODEL = {"transformer.wte": "tok_emb", "lm_head": "tok_emb", "layernorm": "norm"}
 RELEASE_BLOCK = {"input_layernorm": "attn_norm", "post_attention_layernorm": "mlp_norm",  # under transformer.h.{i}.
                  "mlp.c_fc1": "mlp.w1", "mlp.c_fc2": "mlp.w2", "mlp.c_proj": "mlp.w3"}  # silu(x c_fc1) * (x c_fc2)
@@ -563,8 +564,8 @@ RELEASE_ATTENTION = {
 def _from_pretrained(cls, path, dtype=None):
     """GPT.from_pretrained(path, dtype=None): the GPT of an MLRA release folder (GQA, MLA or GLA-2, any query heads),
     its logits the release model's, weights in dtype (None: as saved). Built on the meta device and handed the loaded
-    tensors themselves (assign=True); .bin files are memory-mapped, read when used, and each shard converted lets go
-    of its map before the next is read: one copy of the weights. Raises ConfigError (one line) for another design
+    tensors themselves (assign=True): as saved, the parameters are the memory-mapped .bin pages, one copy read when
+    used; converted, a shard at a time, its map let go before the next. Raises ConfigError (one line) for another design
     (MLRA, GLA-4, GTA, MFA, TPA, gated, biases) or a weight missing or mis-shaped; KeyError for a config.json field."""
     import json
     from pathlib import Path

@@ -528,6 +528,99 @@ def sample(logits, temperature=1.0, top_k=None):
     return (probs / torch.empty_like(probs).exponential_(1)).argmax(dim=-1)
 
 
+# ---- Loading the checkpoints of Liu et al. 2026's code release (github.com/SongtaoLiu0823/MLRA) ---------------------
+# Its model/gqa.py, mla.py, gla_2.py save by transformers' save_pretrained(dir, safe_serialization=False) (on the Hub:
+# Soughing/MLRA): config.json and pytorch_model.bin, past 5 GB pytorch_model-0000k-of-0000n.bin shards, float32, the
+# tied matrix under two names. Their math is ours (pre-norm RMSNorm, eps 1e-6; RoPE pairs (i, i + dim/2), theta 10000;
+# latents * sqrt(n_embd / rank) after their norms), but for float32 rounding: e.g. RoPE's inverse frequencies, theirs
+# 1 / theta^(2i/d), ours theta^(-2i/d), differ in the last bit. The tables: their module names (".weight") -> ours.
+RELEASE_MODEL = {"transformer.wte": "tok_emb", "lm_head": "tok_emb", "layernorm": "norm"}
+RELEASE_BLOCK = {"input_layernorm": "attn_norm", "post_attention_layernorm": "mlp_norm",  # under transformer.h.{i}.
+                 "mlp.c_fc1": "mlp.w1", "mlp.c_fc2": "mlp.w2", "mlp.c_proj": "mlp.w3"}  # silu(x c_fc1) * (x c_fc2)
+# The attention's names tell the designs apart. wkv_b.j: latent head j's up-projection, (H/g * (nope + v), r) as a
+# Linear's weight, head by head [k_nope | v] (v as wide as nope); our wkv_b[j], (H/g, nope + v, r).
+_LATENT = {"attn.q_a_proj": "attn.wq_a", "attn.q_a_layernorm": "attn.q_norm", "attn.q_b_proj": "attn.wq_b",
+           "attn.kv_a_proj_with_mqa": "attn.wkv_a", "attn.c_proj": "attn.wo"}  # MLA's and GLA-2's
+RELEASE_ATTENTION = {
+    "gqa": {"attn.c_q": "attn.wq", "attn.c_k": "attn.wk", "attn.c_v": "attn.wv", "attn.c_proj": "attn.wo"},
+    "mla": {**_LATENT, "attn.kv_a_layernorm": "attn.kv_norm.0", "attn.kv_b_proj": "attn.wkv_b.0"},
+    "gla": {**_LATENT, "attn.kv_a_layernorm_1": "attn.kv_norm.0", "attn.kv_b_proj_1": "attn.wkv_b.0",
+            "attn.kv_a_layernorm_2": "attn.kv_norm.1", "attn.kv_b_proj_2": "attn.wkv_b.1"},
+}
+
+
+def _from_pretrained(cls, path, dtype=None):
+    """GPT.from_pretrained(path, dtype=None): the GPT of an MLRA release folder (GQA, MLA or GLA-2, any query heads),
+    its logits the release model's, weights in dtype (None: as saved). Built on the meta device and handed the loaded
+    tensors themselves (assign=True): as saved, the parameters are the memory-mapped .bin pages, one copy read when
+    used; converted, a shard at a time, its map let go before the next. Raises ConfigError (one line) for another design
+    (MLRA, GLA-4, GTA, MFA, TPA, gated, biases) or a weight missing or mis-shaped; KeyError for a config.json field."""
+    import json
+    from pathlib import Path
+    saved = json.loads((Path(path) / "config.json").read_text())
+    files = sorted(Path(path).glob("pytorch_model*.bin")) or sorted(Path(path).glob("model*.safetensors"))
+    if not files:
+        raise ConfigError(f"{path} holds no pytorch_model*.bin or model*.safetensors")
+    state = {}  # the release's name -> tensor
+    for file in files:  # shard names sort in order: pytorch_model-00001-of-00003.bin, ...
+        if file.suffix == ".bin":
+            shard = torch.load(file, map_location="cpu", mmap=True, weights_only=True)
+        else:
+            from safetensors.torch import load_file  # needed for safetensors only: the release saves .bin
+            shard = load_file(file)
+        seen = {}  # save_pretrained stores the tied matrix once, under both names: convert it once
+        for name, t in shard.items():
+            if (t.data_ptr(), t.shape) not in seen:
+                seen[t.data_ptr(), t.shape] = t if dtype is None else t.to(dtype)
+            state[name] = seen[t.data_ptr(), t.shape]
+    found = sorted(n.removeprefix("transformer.h.0.").removesuffix(".weight") for n in state if ".h.0.attn." in n)
+    design = next((d for d, table in RELEASE_ATTENTION.items() if found == sorted(table)), None)
+    if design is None:
+        raise ConfigError(f"{path}: layer 0's attention holds {found}: not the release's GQA, MLA or GLA-2 (its MLRA, "
+                          "GLA-4, GTA, MFA, TPA and gated designs are not implemented here)")
+    fields = dict(attn=design, vocab_size=saved["vocab_size"], block_size=saved["block_size"], n_layer=saved["n_layer"],
+                  n_embd=saved["n_embd"], n_head=saved["n_head"], ffn_hidden=saved["intermediate_size"])  # as trained
+    if design == "gqa":  # group_size: query heads per KV head (model/mha.py saves none)
+        fields.update(head_dim=saved["head_dim"], n_kv_head=saved["n_head"] // saved.get("group_size", 1))
+    else:
+        fields.update(q_lora_rank=saved["q_lora_rank"], kv_lora_rank=saved["kv_lora_rank"],
+                      qk_nope_head_dim=saved["qk_nope_head_dim"], qk_rope_head_dim=saved["qk_rope_head_dim"],
+                      v_head_dim=saved["qk_nope_head_dim"], n_latent_heads=1 if design == "mla" else 2)
+    config = GPTConfig(**fields)
+    with torch.device("meta"):  # no memory: the loaded tensors become the parameters
+        model = cls(config)
+    names = {f"{release}.weight": f"{ours}.weight" for release, ours in RELEASE_MODEL.items()}  # theirs -> ours
+    for i in range(config.n_layer):
+        for release, ours in {**RELEASE_BLOCK, **RELEASE_ATTENTION[design]}.items():  # wkv_b: a Parameter, no Linear
+            names[f"transformer.h.{i}.{release}.weight"] = f"blocks.{i}.{ours}" + ("" if "wkv_b" in ours else ".weight")
+    shapes = {}  # ours -> shape, of the meta model; wkv_b's latent heads one by one, as the release stores them
+    for name, p in model.state_dict().items():
+        pieces = {f"{name}.{j}": p[j].flatten(0, 1) for j in range(len(p))} if name.endswith("wkv_b") else {name: p}
+        shapes.update({piece: tuple(w.shape) for piece, w in pieces.items()})
+    ours = {}
+    for release, t in state.items():
+        if release not in names:
+            raise ConfigError(f"{path}: {release} is no weight of the release's {design} (a bias? another design?)")
+        if tuple(t.shape) != shapes[names[release]]:
+            raise ConfigError(f"{path}: {release} is {tuple(t.shape)}; config.json makes it {shapes[names[release]]}")
+        if names[release] in ours and ours[names[release]] is not t and not torch.equal(ours[names[release]], t):
+            raise ConfigError(f"{path}: transformer.wte.weight and lm_head.weight differ; the release ties them")
+        ours[names[release]] = t
+    missing = [release for release, mine in names.items() if mine not in ours]
+    if missing:
+        raise ConfigError(f"{path}: {missing[0]} is not among the weights ({len(missing)} missing)")
+    for i in range(config.n_layer if design != "gqa" else 0):
+        heads = [ours.pop(f"blocks.{i}.attn.wkv_b.{j}") for j in range(config.n_latent_heads)]
+        ours[f"blocks.{i}.attn.wkv_b"] = torch.stack(heads).unflatten(1, (config.n_head // len(heads), -1))
+    ours["lm_head.weight"] = ours["tok_emb.weight"]
+    model.load_state_dict(ours, assign=True)
+    model.lm_head.weight = model.tok_emb.weight  # assign gave each name its own Parameter: tie them again
+    return model
+
+
+GPT.from_pretrained = classmethod(_from_pretrained)  # beside the model it fills, as nanoGPT's GPT.from_pretrained
+
+
 # ----------------------------------------------------------------------------
 # Tensor-parallel decode, Megatron-style (Shoeybi et al. 2019, arXiv 1909.08053, Sec. 3). Each of tp ranks holds a
 # slice of every layer and computes a partial sum of the attention and MLP outputs; an all-reduce after each adds them

@@ -22,7 +22,9 @@ Einsum letters: b batch, t position (queries; the cached keys in a prompt), g KV
 within its group (query head g * n_head / n_groups + h), d per-head feature, r latent dims of one latent head."""
 
 import hashlib
+import json
 import math
+import pathlib
 import re
 from dataclasses import dataclass, replace
 from typing import NamedTuple
@@ -505,6 +507,64 @@ class GPT(nn.Module):
                     logits = step(out[:, t:t + 1], cached, max_seqlen=S if compile else t + 1)[:, -1]
         return out
 
+    @classmethod
+    def from_pretrained(cls, path, dtype=None):
+        """The GPT of a folder of Liu et al. 2026's release (read_release), GQA, MLA or GLA-2 at any query heads, its
+        logits the release model's to float32 rounding, its weights in dtype (None: float32, as saved). Built on the
+        meta device, it takes the loaded tensors themselves (assign=True): as saved, its parameters are the files'
+        memory-mapped pages; converted, one copy in dtype. Raises ConfigError, one line, for a design this repository
+        lacks (MLRA, GLA-4, GTA, MFA, TPA, gated, biases) or a weight missing or misshapen; KeyError for a field
+        config.json lacks."""
+        saved, weights = read_release(path, dtype)
+        layer0 = sorted(n.removeprefix("transformer.h.0.").removesuffix(".weight") for n in weights
+                        if n.startswith("transformer.h.0.attn."))
+        designs = [attn for attn, names in RELEASE_ATTENTION.items() if sorted(names) == layer0]
+        if not designs:
+            raise ConfigError(f"{path}: layer 0's attention holds {layer0}: not the release's GQA, MLA or GLA-2")
+        fields = dict(attn=designs[0], vocab_size=saved["vocab_size"], block_size=saved["block_size"],
+                      n_layer=saved["n_layer"], n_embd=saved["n_embd"], n_head=saved["n_head"],
+                      ffn_hidden=saved["intermediate_size"])  # the MLP width as trained, not the width rule's
+        if designs[0] == "gqa":  # group_size: query heads per KV head
+            fields.update(head_dim=saved["head_dim"], n_kv_head=saved["n_head"] // saved.get("group_size", 1))
+        else:  # v as wide as nope, and GLA's 2 latent heads: fixed in the release's code, not in config.json
+            fields.update(q_lora_rank=saved["q_lora_rank"], kv_lora_rank=saved["kv_lora_rank"],
+                          qk_nope_head_dim=saved["qk_nope_head_dim"], qk_rope_head_dim=saved["qk_rope_head_dim"],
+                          v_head_dim=saved["qk_nope_head_dim"], n_latent_heads=2 if designs[0] == "gla" else 1)
+        with torch.device("meta"):  # no memory: the loaded tensors become the parameters
+            model = cls(GPTConfig(**fields))
+
+        # Their names to ours, each shape checked. wkv_b, a Parameter of ours (no ".weight"), comes one latent head
+        # at a time: "blocks.{i}.attn.wkv_b.{j}.weight" until we stack them.
+        names = {f"{theirs}.weight": f"{ours}.weight" for theirs, ours in RELEASE_MODEL.items()}
+        for i in range(model.config.n_layer):
+            for theirs, ours in {**RELEASE_BLOCK, **RELEASE_ATTENTION[designs[0]]}.items():
+                names[f"transformer.h.{i}.{theirs}.weight"] = f"blocks.{i}.{ours}.weight"
+        shapes = {}
+        for name, p in model.state_dict().items():
+            if name.endswith("wkv_b"):
+                shapes.update({f"{name}.{j}.weight": p[j].flatten(0, 1).shape for j in range(len(p))})
+            else:
+                shapes[name] = p.shape
+        state = {}
+        for theirs, tensor in weights.items():
+            if theirs not in names:
+                raise ConfigError(f"{path}: {theirs} is no weight of the release's {designs[0]} (a bias? another "
+                                  "design?)")
+            if tensor.shape != shapes[names[theirs]]:
+                raise ConfigError(f"{path}: {theirs} is {tuple(tensor.shape)}; config.json makes it "
+                                  f"{tuple(shapes[names[theirs]])}")
+            state[names[theirs]] = tensor
+        missing = [theirs for theirs, ours in names.items() if ours not in state]
+        if missing:
+            raise ConfigError(f"{path}: {missing[0]} is not among the weights ({len(missing)} missing)")
+        for i in range(model.config.n_layer if designs[0] != "gqa" else 0):
+            heads = [state.pop(f"blocks.{i}.attn.wkv_b.{j}.weight") for j in range(model.config.n_latent_heads)]
+            state[f"blocks.{i}.attn.wkv_b"] = torch.stack(heads).unflatten(1, (model.config.n_head // len(heads), -1))
+        state["lm_head.weight"] = state["tok_emb.weight"]
+        model.load_state_dict(state, assign=True)
+        model.lm_head.weight = model.tok_emb.weight  # assign gave each name a Parameter of its own: tie them again
+        return model
+
 
 def sample(logits, temperature=1.0, top_k=None):
     """Next token ids (B,) int64 from logits (B, vocab_size): argmax at temperature 0, else a draw from
@@ -528,97 +588,55 @@ def sample(logits, temperature=1.0, top_k=None):
     return (probs / torch.empty_like(probs).exponential_(1)).argmax(dim=-1)
 
 
-# ---- Loading the checkpoints of Liu et al. 2026's code release (github.com/SongtaoLiu0823/MLRA) ---------------------
-# Its model/gqa.py, mla.py, gla_2.py save by transformers' save_pretrained(dir, safe_serialization=False) (on the Hub:
-# Soughing/MLRA): config.json and pytorch_model.bin, past 5 GB pytorch_model-0000k-of-0000n.bin shards, float32, the
-# tied matrix under two names. Their math is ours (pre-norm RMSNorm, eps 1e-6; RoPE pairs (i, i + dim/2), theta 10000;
-# latents * sqrt(n_embd / rank) after their norms), but for float32 rounding: e.g. RoPE's inverse frequencies, theirs
-# 1 / theta^(2i/d), ours theta^(-2i/d), differ in the last bit. The tables: their module names (".weight") -> ours.
+# ---- The checkpoints of Liu et al. 2026's release (github.com/SongtaoLiu0823/MLRA; on the Hub: Soughing/MLRA) ---
+# Its models save with transformers' save_pretrained: config.json, and float32 weights in pytorch_model.bin or, past
+# 5 GB, pytorch_model-0000k-of-0000n.bin shards, the tied embedding under two names. Its math is ours (pre-norm
+# RMSNorm, eps 1e-6; RoPE pairs (i, i + dim/2), theta 10000; the latents * sqrt(n_embd / rank) after their norms),
+# but for float32 rounding: RoPE's inverse frequencies, theirs 1 / theta^(2i/d), ours theta^(-2i/d), differ in the
+# last bit. Their module names (each weight is "<name>.weight") and ours:
 RELEASE_MODEL = {"transformer.wte": "tok_emb", "lm_head": "tok_emb", "layernorm": "norm"}
-RELEASE_BLOCK = {"input_layernorm": "attn_norm", "post_attention_layernorm": "mlp_norm",  # under transformer.h.{i}.
-                 "mlp.c_fc1": "mlp.w1", "mlp.c_fc2": "mlp.w2", "mlp.c_proj": "mlp.w3"}  # silu(x c_fc1) * (x c_fc2)
-# The attention's names tell the designs apart. wkv_b.j: latent head j's up-projection, (H/g * (nope + v), r) as a
-# Linear's weight, head by head [k_nope | v] (v as wide as nope); our wkv_b[j], (H/g, nope + v, r).
-_LATENT = {"attn.q_a_proj": "attn.wq_a", "attn.q_a_layernorm": "attn.q_norm", "attn.q_b_proj": "attn.wq_b",
-           "attn.kv_a_proj_with_mqa": "attn.wkv_a", "attn.c_proj": "attn.wo"}  # MLA's and GLA-2's
+RELEASE_BLOCK = {  # under transformer.h.{i}. and blocks.{i}.
+    "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "mlp_norm",
+    "mlp.c_fc1": "mlp.w1",  # silu(x c_fc1) * (x c_fc2)
+    "mlp.c_fc2": "mlp.w2",
+    "mlp.c_proj": "mlp.w3",
+}
+# The attention's names tell the designs apart. kv_b_proj[_j], latent head j's up-projection, is (H/g * (nope + v), r)
+# head by head [k_nope | v], where our wkv_b[j] is the same matrix as (H/g, nope + v, r).
+LATENT_QUERY = {"attn.q_a_proj": "attn.wq_a", "attn.q_a_layernorm": "attn.q_norm", "attn.q_b_proj": "attn.wq_b",
+                "attn.kv_a_proj_with_mqa": "attn.wkv_a", "attn.c_proj": "attn.wo"}
 RELEASE_ATTENTION = {
     "gqa": {"attn.c_q": "attn.wq", "attn.c_k": "attn.wk", "attn.c_v": "attn.wv", "attn.c_proj": "attn.wo"},
-    "mla": {**_LATENT, "attn.kv_a_layernorm": "attn.kv_norm.0", "attn.kv_b_proj": "attn.wkv_b.0"},
-    "gla": {**_LATENT, "attn.kv_a_layernorm_1": "attn.kv_norm.0", "attn.kv_b_proj_1": "attn.wkv_b.0",
+    "mla": {**LATENT_QUERY, "attn.kv_a_layernorm": "attn.kv_norm.0", "attn.kv_b_proj": "attn.wkv_b.0"},
+    "gla": {**LATENT_QUERY, "attn.kv_a_layernorm_1": "attn.kv_norm.0", "attn.kv_b_proj_1": "attn.wkv_b.0",
             "attn.kv_a_layernorm_2": "attn.kv_norm.1", "attn.kv_b_proj_2": "attn.wkv_b.1"},
 }
 
 
-def _from_pretrained(cls, path, dtype=None):
-    """GPT.from_pretrained(path, dtype=None): the GPT of an MLRA release folder (GQA, MLA or GLA-2, any query heads),
-    its logits the release model's, weights in dtype (None: as saved). Built on the meta device and handed the loaded
-    tensors themselves (assign=True): as saved, the parameters are the memory-mapped .bin pages, one copy read when
-    used; converted, a shard at a time, its map let go before the next. Raises ConfigError (one line) for another design
-    (MLRA, GLA-4, GTA, MFA, TPA, gated, biases) or a weight missing or mis-shaped; KeyError for a config.json field."""
-    import json
-    from pathlib import Path
-    saved = json.loads((Path(path) / "config.json").read_text())
-    files = sorted(Path(path).glob("pytorch_model*.bin")) or sorted(Path(path).glob("model*.safetensors"))
+def read_release(path, dtype=None):
+    """(config.json as a dict, {the release's weight name: tensor}) of a release folder: its pytorch_model*.bin files
+    memory-mapped (read only where used), or model*.safetensors where that package is installed; each tensor in dtype
+    (None: as saved), the tied matrix, saved once under two names, converted once."""
+    path = pathlib.Path(path)
+    saved = json.loads((path / "config.json").read_text())
+    files = sorted(path.glob("pytorch_model*.bin")) or sorted(path.glob("model*.safetensors"))
     if not files:
         raise ConfigError(f"{path} holds no pytorch_model*.bin or model*.safetensors")
-    state = {}  # the release's name -> tensor
+    weights = {}
     for file in files:  # shard names sort in order: pytorch_model-00001-of-00003.bin, ...
         if file.suffix == ".bin":
             shard = torch.load(file, map_location="cpu", mmap=True, weights_only=True)
         else:
-            from safetensors.torch import load_file  # needed for safetensors only: the release saves .bin
+            from safetensors.torch import load_file  # the release saves .bin; safetensors only where installed
             shard = load_file(file)
-        seen = {}  # save_pretrained stores the tied matrix once, under both names: convert it once
-        for name, t in shard.items():
-            if (t.data_ptr(), t.shape) not in seen:
-                seen[t.data_ptr(), t.shape] = t if dtype is None else t.to(dtype)
-            state[name] = seen[t.data_ptr(), t.shape]
-    found = sorted(n.removeprefix("transformer.h.0.").removesuffix(".weight") for n in state if ".h.0.attn." in n)
-    design = next((d for d, table in RELEASE_ATTENTION.items() if found == sorted(table)), None)
-    if design is None:
-        raise ConfigError(f"{path}: layer 0's attention holds {found}: not the release's GQA, MLA or GLA-2 (its MLRA, "
-                          "GLA-4, GTA, MFA, TPA and gated designs are not implemented here)")
-    fields = dict(attn=design, vocab_size=saved["vocab_size"], block_size=saved["block_size"], n_layer=saved["n_layer"],
-                  n_embd=saved["n_embd"], n_head=saved["n_head"], ffn_hidden=saved["intermediate_size"])  # as trained
-    if design == "gqa":  # group_size: query heads per KV head (model/mha.py saves none)
-        fields.update(head_dim=saved["head_dim"], n_kv_head=saved["n_head"] // saved.get("group_size", 1))
-    else:
-        fields.update(q_lora_rank=saved["q_lora_rank"], kv_lora_rank=saved["kv_lora_rank"],
-                      qk_nope_head_dim=saved["qk_nope_head_dim"], qk_rope_head_dim=saved["qk_rope_head_dim"],
-                      v_head_dim=saved["qk_nope_head_dim"], n_latent_heads=1 if design == "mla" else 2)
-    config = GPTConfig(**fields)
-    with torch.device("meta"):  # no memory: the loaded tensors become the parameters
-        model = cls(config)
-    names = {f"{release}.weight": f"{ours}.weight" for release, ours in RELEASE_MODEL.items()}  # theirs -> ours
-    for i in range(config.n_layer):
-        for release, ours in {**RELEASE_BLOCK, **RELEASE_ATTENTION[design]}.items():  # wkv_b: a Parameter, no Linear
-            names[f"transformer.h.{i}.{release}.weight"] = f"blocks.{i}.{ours}" + ("" if "wkv_b" in ours else ".weight")
-    shapes = {}  # ours -> shape, of the meta model; wkv_b's latent heads one by one, as the release stores them
-    for name, p in model.state_dict().items():
-        pieces = {f"{name}.{j}": p[j].flatten(0, 1) for j in range(len(p))} if name.endswith("wkv_b") else {name: p}
-        shapes.update({piece: tuple(w.shape) for piece, w in pieces.items()})
-    ours = {}
-    for release, t in state.items():
-        if release not in names:
-            raise ConfigError(f"{path}: {release} is no weight of the release's {design} (a bias? another design?)")
-        if tuple(t.shape) != shapes[names[release]]:
-            raise ConfigError(f"{path}: {release} is {tuple(t.shape)}; config.json makes it {shapes[names[release]]}")
-        if names[release] in ours and ours[names[release]] is not t and not torch.equal(ours[names[release]], t):
-            raise ConfigError(f"{path}: transformer.wte.weight and lm_head.weight differ; the release ties them")
-        ours[names[release]] = t
-    missing = [release for release, mine in names.items() if mine not in ours]
-    if missing:
-        raise ConfigError(f"{path}: {missing[0]} is not among the weights ({len(missing)} missing)")
-    for i in range(config.n_layer if design != "gqa" else 0):
-        heads = [ours.pop(f"blocks.{i}.attn.wkv_b.{j}") for j in range(config.n_latent_heads)]
-        ours[f"blocks.{i}.attn.wkv_b"] = torch.stack(heads).unflatten(1, (config.n_head // len(heads), -1))
-    ours["lm_head.weight"] = ours["tok_emb.weight"]
-    model.load_state_dict(ours, assign=True)
-    model.lm_head.weight = model.tok_emb.weight  # assign gave each name its own Parameter: tie them again
-    return model
+        if "lm_head.weight" in shard and "transformer.wte.weight" in {*shard, *weights}:
+            del shard["lm_head.weight"]  # the tie: one matrix, converted once
+        for name, tensor in shard.items():
+            weights[name] = tensor if dtype is None else tensor.to(dtype)
+    return saved, weights
 
 
-GPT.from_pretrained = classmethod(_from_pretrained)  # beside the model it fills, as nanoGPT's GPT.from_pretrained
 
 
 # ----------------------------------------------------------------------------

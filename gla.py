@@ -34,7 +34,6 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-# Our kernels.py: Hugging Face's `kernels` package shares its name (bench/common.py's import_transformers loads both).
 from kernels import MAX_LQ, decode_attention, decode_attention_ref, decode_mask
 
 # ---- The config: presets, the paper's ratios, the MLP width rule -----------------------------------------------------
@@ -251,7 +250,9 @@ class GroupedQueryAttention(nn.Module):
     def __init__(self, config):
         super().__init__()
         c = config
-        self.n_head, self.n_kv_head, self.head_dim = c.n_head, c.n_kv_head, c.head_dim
+        self.n_head = c.n_head
+        self.n_kv_head = c.n_kv_head
+        self.head_dim = c.head_dim
         self.wq = nn.Linear(c.n_embd, c.n_head * c.head_dim, bias=False)
         self.wk = nn.Linear(c.n_embd, c.n_kv_head * c.head_dim, bias=False)
         self.wv = nn.Linear(c.n_embd, c.n_kv_head * c.head_dim, bias=False)
@@ -289,11 +290,16 @@ class LatentAttention(nn.Module):
     def __init__(self, config):
         super().__init__()
         c = config
-        self.n_head, self.g, self.r = c.n_head, c.n_latent_heads, c.kv_lora_rank // c.n_latent_heads
-        self.nope_dim, self.rope_dim, self.v_dim = c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim
+        self.n_head = c.n_head
+        self.g = c.n_latent_heads
+        self.r = c.kv_lora_rank // c.n_latent_heads  # one latent head's dims
+        self.nope_dim = c.qk_nope_head_dim
+        self.rope_dim = c.qk_rope_head_dim
+        self.v_dim = c.v_head_dim
         # The latents are scaled by sqrt(n_embd / rank) after their RMSNorm, as Liu et al.'s MLRA release does
         # (DeepSeek-V2 has no such scale): a normalised rank-r vector then has the norm of an n_embd-wide one.
-        self.q_scale, self.kv_scale = math.sqrt(c.n_embd / c.q_lora_rank), math.sqrt(c.n_embd / self.r)
+        self.q_scale = math.sqrt(c.n_embd / c.q_lora_rank)
+        self.kv_scale = math.sqrt(c.n_embd / self.r)
         self.softmax_scale = 1.0 / math.sqrt(self.nope_dim + self.rope_dim)
         self.wq_a = nn.Linear(c.n_embd, c.q_lora_rank, bias=False)
         self.q_norm = nn.RMSNorm(c.q_lora_rank, eps=c.norm_eps)
@@ -429,7 +435,8 @@ class GPT(nn.Module):
         for name, p in self.named_parameters():
             if p.dim() < 2 or name.endswith(ZERO_INIT):
                 continue
-            key = int.from_bytes(hashlib.blake2b(repr((seed, name)).encode(), digest_size=8).digest(), "little")
+            digest = hashlib.blake2b(repr((seed, name)).encode(), digest_size=8).digest()
+            key = int.from_bytes(digest, "little")
             shape = [max(a, b) for a, b in zip(p.shape, other[name].shape)]
             w = torch.randn(shape, generator=torch.Generator().manual_seed(key)) * self.config.init_std
             with torch.no_grad():
@@ -664,9 +671,12 @@ def tp_share(config, rank, tp):
         raise ConfigError(f"tp={tp} must divide n_head={config.n_head}, and divide "
                           f"{'n_kv_head' if config.attn == 'gqa' else 'n_latent_heads'}={g} or be a multiple of it")
     assert 0 <= rank < tp, (rank, tp)
-    local, H = max(g // tp, 1), config.n_head // tp  # KV / latent heads and query heads per rank
-    fields = dict(n_kv_head=local) if config.attn == "gqa" else dict(n_latent_heads=local,
-                                                                     kv_lora_rank=config.kv_lora_rank // g * local)
+    H = config.n_head // tp  # query heads per rank
+    local = max(g // tp, 1)  # KV / latent heads per rank
+    if config.attn == "gqa":
+        fields = dict(n_kv_head=local)
+    else:
+        fields = dict(n_latent_heads=local, kv_lora_rank=config.kv_lora_rank // g * local)
     first_group = rank * H // (config.n_head // g)  # the group of our first query head
     ffn = range(rank * config.ffn_hidden // tp, (rank + 1) * config.ffn_hidden // tp)
     return TPShare(replace(config, n_head=H, ffn_hidden=len(ffn), **fields),
@@ -688,7 +698,8 @@ def shard_for_tp(model, rank, tp):
     """Turn a full GPT (weights loaded) into rank's tp-way shard, in place, split as the comment above says, and return
     it. model.config becomes the shard's, so setup_cache allocates this rank's cache only, and an all-reduce hooks onto
     every attention and MLP output (initialise torch.distributed first). Raises ConfigError as tp_share."""
-    full, share = model.config, tp_share(model.config, rank, tp)
+    full = model.config
+    share = tp_share(full, rank, tp)
     for block in model.blocks:
         attn = block.attn
         if full.attn == "gqa":

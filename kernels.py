@@ -59,15 +59,13 @@ def decode_mask(positions, S):
     return torch.where(torch.arange(S, device=positions.device) <= positions[:, None, :, None], 0.0, float("-inf"))
 
 
-def decode_attention_ref(q, k_cache, v_cache, cache_seqlens, qv=None, softmax_scale=None, *, max_seqlen=None,
-                         mask=None):
+def decode_attention_ref(q, k_cache, v_cache, cache_seqlens, qv=None, softmax_scale=None, *, max_seqlen=None):
     """Decode attention through F.scaled_dot_product_attention in float32: the kernel's oracle, and the model's
     decode path on CPU.
 
     Args and result as `decode_attention`, but cache slots past cache_seqlens must hold finite values (any: they
     get zero weight, and a KVCache holds zeros or older tokens there): a NaN would leak through SDPA's products,
-    where the kernel never reads those slots. mask: decode_mask of the new tokens' positions (cache_seqlens - Lq + l)
-    and max_seqlen, from a caller that runs many layers over one cache_seqlens (built here if None).
+    where the kernel never reads those slots.
 
     As in the kernel's tile, the G = Hq // Hkv query heads of a group (h = g * G + k reads value head g) and the Lq
     new tokens are the rows of one query: SDPA runs Hkv heads of G x Lq rows over the cache where it lies ((B, H, S,
@@ -85,8 +83,8 @@ def decode_attention_ref(q, k_cache, v_cache, cache_seqlens, qv=None, softmax_sc
         return x.float().transpose(1, 2).reshape(B, Hkv, G * Lq, x.shape[3])
 
     k, v = (t[:, :S].float().transpose(1, 2) for t in (k_cache, v_cache))  # (B, Hk or Hkv, S, D)
-    if mask is None:  # new token l sits at position cache_seqlens - Lq + l
-        mask = decode_mask((cache_seqlens - Lq)[:, None] + torch.arange(Lq, device=q.device), S)
+    # New token l sits at position cache_seqlens - Lq + l.
+    mask = decode_mask((cache_seqlens - Lq)[:, None] + torch.arange(Lq, device=q.device), S)
     if Lq > 1:  # row k * Lq + l takes token l's row of the mask (one row serves all G heads at Lq = 1)
         mask = mask[:, :, None].expand(B, 1, G, Lq, S).reshape(B, 1, G * Lq, S)
     if qv is None:
@@ -218,8 +216,8 @@ if triton is not None:
     # (TRITON_INTERPRET=1, the CPU tests) timing configs is slow and means nothing: the first runs.
     _decode_split_kernel = triton.autotune(CONFIGS[:1] if triton.knobs.runtime.interpret else CONFIGS,
                                            key=["BLOCK_M", "BLOCK_DK", "BLOCK_DV", "HAS_QV"])(_split_kernel)
-# A program's float32 accumulator, rows x Dv: 8192 elements are 64 registers a thread at 4 warps. 64 query heads on
-# one 512-wide latent (DeepSeek-V3 under TP-2) would take 32K: we cut the group into head blocks of 16 heads.
+# A program's float32 accumulator, rows x Dv: 8192 elements are 64 registers a thread at 4 warps. The paper's MLA with
+# double heads, 48 query heads on one 512-wide latent, would take 24K: we cut the group into head blocks of 16 heads.
 ACC_ELEMS = 8192
 SPLIT_ALIGN = 16  # split lengths in multiples of tl.dot's least tile
 INTERPRETER_SMS = 132  # CPU tensors under the interpreter split as for an H100 or H200 (132 SMs)
@@ -232,7 +230,8 @@ def _split_launch(q, k_cache, v_cache, cache_seqlens, qv, scale, max_len, num_sp
     Hk, Hkv, Dv = k_cache.shape[2], v_cache.shape[2], v_cache.shape[3]
     G = Hq // Hkv
     LQ_BLOCK = triton.next_power_of_2(Lq)  # each head's rows
-    BLOCK_DK, BLOCK_DV = max(16, triton.next_power_of_2(Dk)), max(16, triton.next_power_of_2(Dv))
+    BLOCK_DK = max(16, triton.next_power_of_2(Dk))  # tl.dot takes 16 columns or more
+    BLOCK_DV = max(16, triton.next_power_of_2(Dv))
     n_head_blocks = triton.cdiv(G, max(1, ACC_ELEMS // (LQ_BLOCK * BLOCK_DV)))
     heads_per_block = triton.cdiv(G, n_head_blocks)  # as even as possible
     BLOCK_M = max(16, triton.next_power_of_2(heads_per_block * LQ_BLOCK))  # tl.dot takes 16 rows or more
@@ -283,8 +282,10 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, qv=None, softmax_scale=
     out = torch.empty(B, Lq, Hq, Dv, dtype=q.dtype, device=q.device) if out is None else out
     assert out.shape == (B, Lq, Hq, Dv) and out.dtype == q.dtype and out.stride(-1) == 1, "out: like the result"
     # The pointer arithmetic assumes unit stride along features (and along cache_seqlens).
-    q, k_cache, v_cache, qv = (t if t is None or t.stride(-1) == 1 else t.contiguous()
-                               for t in (q, k_cache, v_cache, qv))
+    q = q.contiguous() if q.stride(-1) != 1 else q
+    k_cache = k_cache.contiguous() if k_cache.stride(-1) != 1 else k_cache
+    v_cache = v_cache.contiguous() if v_cache.stride(-1) != 1 else v_cache
+    qv = qv.contiguous() if qv is not None and qv.stride(-1) != 1 else qv
     scale = _default_scale(Dk, Dv, qv) if softmax_scale is None else softmax_scale
     grid, args, meta, o_part, lse_part = _split_launch(q, k_cache, v_cache, cache_seqlens.contiguous(), qv, scale,
                                                        max_len, num_splits)

@@ -114,25 +114,20 @@ class Curve:
 
 
 def read_losses(folder):
-    """{tokens: val_loss} of a run folder's metrics.jsonl (train.py appends one evaluation a line; a kill may cut the
-    last line, which is skipped). Raises PlotError on any other line that is not an evaluation, or a NaN loss."""
+    """{tokens: val_loss} of a run folder's metrics.jsonl, one evaluation a line. Raises PlotError for a line that is
+    not one, or a loss that is not finite."""
     path = os.path.join(folder, "metrics.jsonl")
-    with open(path, encoding="utf-8", errors="replace") as f:
-        lines = f.read().splitlines()
     losses = {}
-    for i, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-            tokens, loss = int(row["tokens"]), float(row["val_loss"])
-        except (KeyError, TypeError, ValueError) as e:  # json.JSONDecodeError is a ValueError
-            if i == len(lines) and isinstance(e, json.JSONDecodeError):
-                continue
-            raise PlotError(f"{path} line {i}: not an evaluation ({e})") from None
-        if not (0 <= tokens < 2**62 and abs(loss) < 1e6):
-            raise PlotError(f"{path} line {i}: tokens or val_loss out of range, or NaN")
-        losses[tokens] = loss
+    with open(path, encoding="utf-8") as f:
+        for i, line in enumerate(f, 1):
+            try:
+                row = json.loads(line)
+                tokens = int(row["tokens"])
+                losses[tokens] = float(row["val_loss"])
+            except (KeyError, TypeError, ValueError) as e:  # json.JSONDecodeError is a ValueError
+                raise PlotError(f"{path} line {i}: not an evaluation ({e})") from None
+            if not math.isfinite(losses[tokens]):
+                raise PlotError(f"{path} line {i}: val_loss {losses[tokens]}: the run diverged")
     return losses
 
 
@@ -234,10 +229,7 @@ def curves_from_runs(out_dir):
     if not pairs:
         raise PlotError(f"no seed in {out_dir!r} has a baseline and a {DOUBLE_SUFFIX} run that are an ablation "
                         "pair (each needs <run>/seed<seed>/metrics.jsonl and config.json)")
-    # The figure's setting is that of the most pairs (a tie: the first, in VARIANTS' and seeds' order).
-    configs = [config for *_, config in pairs]
-    agreeing = [sum(difference(c, other, arms=False) is None for other in configs) for c in configs]
-    reference = configs[agreeing.index(max(agreeing))]
+    reference = pairs[0][-1]  # the figure's setting: its first pair's, in VARIANTS' and seeds' order
     kept = {}
     for label, seed, base_dir, double_dir, config in pairs:
         why = difference(config, reference, arms=False)
@@ -366,24 +358,13 @@ def check_output(output):
 
 def write_figure(curves, unit, setting, output, csv_path=None):
     """Write the figure to the PNG `output` and its CSV to csv_path (unless None), then print each variant's final
-    dL: the mean over seeds, its 95% t interval, and each seed's. Each file is written to a temporary file beside it
-    and moved into place (os.replace): a kill leaves the old file or the new one, never half of one."""
-    png = io.BytesIO()
-    plot(curves, unit, setting, png)  # drawn before any file is opened: a drawing error writes nothing
-    files = {output: png.getvalue()}
-    if csv_path:
-        files[csv_path] = csv_text(curves, unit, setting)
+    dL: the mean over seeds, its 95% t interval, and each seed's."""
     os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
-    for path, data in files.items():
-        temporary = f"{path}.{os.getpid()}.tmp"
-        try:
-            with open(temporary, "wb") as f:
-                f.write(data)
-            os.replace(temporary, path)
-        finally:
-            if os.path.exists(temporary):
-                os.remove(temporary)
-    print("wrote " + " and ".join(files))
+    plot(curves, unit, setting, output)
+    if csv_path:
+        with open(csv_path, "wb") as f:
+            f.write(csv_text(curves, unit, setting))
+    print(f"wrote {output}" + (f" and {csv_path}" if csv_path else ""))
     print(f"final dL ({unit}): mean over seeds, its 95% t interval (t with n - 1 degrees of freedom), each seed")
     for label, c in curves.items():
         interval = f"[{c.low[-1]:+.4f}, {c.high[-1]:+.4f}]" if len(c.seeds) > 1 else "(one seed: no interval)"

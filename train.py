@@ -32,7 +32,7 @@ import signal
 import sys
 import sysconfig
 import time
-from contextlib import ExitStack, nullcontext
+from contextlib import nullcontext
 
 import numpy as np
 import torch
@@ -138,8 +138,6 @@ def get_args(argv=None):
                 f"{args.grad_accum} micro-batches; pick a multiple")
     if args.attn == "all" and args.double_heads:
         p.error("--double_heads picks one arm of a variant, but --attn all trains both arms of all three")
-    if args.attn == "gqa" and args.kv_lora_rank is not None:
-        p.error("--kv_lora_rank sizes MLA's and GLA's latent; GQA has none")
     return args
 
 
@@ -332,12 +330,10 @@ def permute(i, n, key, rounds=4):
 
 def get_batch(data, split, step, batch_size, block_size, seed, rank=0, world_size=1):
     """Inputs and next-token targets of one step, (batch_size // world_size, block_size) int64 each, on the CPU: this
-    process's rows [rank B/W, (rank + 1) B/W) of the step's B = batch_size rows.
-
-    Row j = step * batch_size + row of the whole run reads window j mod N of pass j // N over the split's N windows,
-    each pass in its own order (TokenData.read_rows): every pass reads every window once, as the paper reads each
-    token once. So every run of a seed sees the same batches, torchrun's processes read disjoint rows, and resuming
-    at step s needs no state of the data: batch s is what it was."""
+    process's rows [rank B/W, (rank + 1) B/W) of the step's B = batch_size rows, rows step * B + row of the run's
+    sequence of windows (TokenData.read_rows), each read once a pass, as the paper reads each token once. So every
+    run of a seed sees the same batches, torchrun's processes read disjoint rows, and resuming at step s needs no
+    state of the data: batch s is what it was."""
     per_process = batch_size // world_size
     rows = step * batch_size + np.arange(rank * per_process, (rank + 1) * per_process)
     windows = torch.from_numpy(data.read_rows(split, rows, block_size, seed))  # (per_process, block_size + 1)
@@ -427,8 +423,7 @@ def make_optimizer(model, args):
 
 def micro_batches(x, y, n, device):
     """The n equal micro-batches of (x, y), this process's share of a batch, on `device`: no forward sees more."""
-    micro = x.size(0) // n
-    return [(x[m * micro:(m + 1) * micro].to(device), y[m * micro:(m + 1) * micro].to(device)) for m in range(n)]
+    return [(xb.to(device), yb.to(device)) for xb, yb in zip(x.chunk(n), y.chunk(n))]
 
 
 def train_step(model, x, y, args, ctx):
@@ -440,7 +435,7 @@ def train_step(model, x, y, args, ctx):
     for m, (xb, yb) in enumerate(micro_batches(x, y, args.grad_accum, ctx.device)):
         last = m == args.grad_accum - 1
         # Under DDP, only the last micro-batch's backward all-reduces the gradients.
-        sync = ExitStack() if last or ctx.world_size == 1 else model.no_sync()
+        sync = nullcontext() if last or ctx.world_size == 1 else model.no_sync()
         with ctx.autocast(), sync:
             _, loss = model(xb, yb)
             (loss / args.grad_accum).backward()
@@ -622,7 +617,8 @@ def train_run(args, variant, double_heads, data, ctx, stop, bar):
         # The step's one wait for the device: its loss, its gradient norm and whether a signal asks us to stop, in
         # one tensor summed over the processes, so that all of them agree.
         stopping = torch.full((), float(stop.signum != 0), dtype=torch.float64, device=ctx.device)
-        loss, grad_norm, stopping = ctx.all_sum(torch.stack([loss, grad_norm.double(), stopping])).tolist()
+        step_stats = torch.stack([loss, grad_norm.double(), stopping])
+        loss, grad_norm, stopping = ctx.all_sum(step_stats).tolist()
         step_loss = loss / ctx.world_size
         grad_norm /= ctx.world_size
         if not math.isfinite(step_loss) or not math.isfinite(grad_norm):
@@ -692,16 +688,13 @@ def train_job(args, ctx):
     handlers = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         for variant, double_heads, seed in runs:
-            run_args = argparse.Namespace(**{**vars(args), "seed": seed})  # the run's own seed, the rest shared
+            run_args = argparse.Namespace(**vars(args))
+            run_args.seed = seed  # the run's own seed; every other flag is the job's
             train_run(run_args, variant, double_heads, data, ctx, stop, bar)
     finally:
         for s, handler in handlers.items():
             signal.signal(s, handler)
         bar.close()
-    for variant, double_heads, seed in runs:
-        rows = read_metrics(run_dir(args.out_dir, variant, double_heads, seed) / "metrics.jsonl")
-        log(ctx, f"{run_dir(args.out_dir, variant, double_heads, seed)}: final val loss {rows[-1]['val_loss']:.4f} "
-                 f"after {rows[-1]['tokens']:,} tokens")
 
 
 # ----------------------------------------------------------------------------
@@ -752,8 +745,10 @@ def get_sample_args(argv):
     p.add_argument("--device", help="cuda or cpu (default: cuda when available)")
     p.add_argument("--compile", action="store_true", help="torch.compile the decode step")
     args = p.parse_args(argv)
-    if not (math.isfinite(args.temperature) and args.temperature >= 0) or args.top_k < 0 or args.max_new_tokens < 1:
-        p.error("--temperature must be >= 0 (0: greedy), --top_k >= 0 (0: all) and --max_new_tokens >= 1")
+    if not (math.isfinite(args.temperature) and args.temperature >= 0):
+        p.error(f"--temperature must be >= 0 (0: greedy), got {args.temperature}")
+    if args.top_k < 0 or args.max_new_tokens < 1:
+        p.error("--top_k must be >= 0 (0: every token) and --max_new_tokens >= 1")
     return args
 
 
@@ -774,7 +769,7 @@ def sample(argv):
             import tiktoken
             encoding = tiktoken.get_encoding("gpt2")
             prompt = encoding.encode(args.prompt)
-        if not 1 <= len(prompt) < len(prompt) + args.max_new_tokens <= config.block_size:
+        if not prompt or len(prompt) + args.max_new_tokens > config.block_size:
             raise Error(f"{path}: a prompt of {len(prompt)} tokens and --max_new_tokens {args.max_new_tokens} must "
                         f"fit the run's block_size of {config.block_size} tokens")
         torch.manual_seed(args.seed)

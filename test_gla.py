@@ -694,18 +694,18 @@ def test_sampling_command_bad_input_is_one_line(tmp_path, capsys, monkeypatch):
     save_run(path, small_model("gla2", block_size=32))
     (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
     cases = [
-        ([str(path), "--max_new_tokens", "32"], {}, "a prompt of 1 tokens and --max_new_tokens 32 must fit the run's "
+        ([str(path), "--max_new_tokens", "32"], {}, "a prompt of 1 tokens and --max_new_tokens 32 must fit the model's "
                                                     "block_size of 32"),
         ([str(path), "--prompt", "x" * 20, "--max_new_tokens", "13"], {}, "a prompt of 20 tokens"),
         ([str(path), "--prompt", ""], {}, "a prompt of 0 tokens"),
         ([str(path), "--max_iters", "5"], {}, "unrecognized arguments: --max_iters 5"),
-        ([str(path)], {"WORLD_SIZE": "3", "RANK": "0"}, "tp=3 must divide n_head=8"),
         ([str(tmp_path / "none.pt")], {}, "cannot read"),
         ([str(tmp_path / "junk.pt")], {}, "cannot read"),
         ([str(path), "--temperature", "-1"], {}, "--temperature must be >= 0"),
         ([str(path), "--temperature", "nan"], {}, "--temperature must be >= 0"),
         ([str(path), "--top_k", "-1"], {}, "--top_k must be >= 0"),
-        ([str(path), "--max_new_tokens", "0"], {}, "--max_new_tokens >= 1"),
+        ([str(path), "--eval_iters", "0"], {}, "--max_new_tokens and --eval_iters >= 1"),
+        ([str(path), "--max_new_tokens", "0"], {}, "--max_new_tokens and --eval_iters >= 1"),
     ] + ([] if torch.cuda.is_available() else [([str(path), "--device", "cuda"], {}, "CUDA is not available here")])
     for argv, env, match in cases:
         for key, value in env.items():
@@ -742,7 +742,7 @@ def test_decode_bench_prints_machine_and_tables_without_transformers(monkeypatch
     decode_cpu.main(["--variants", "gla2", "--double_heads", "--batch_sizes", "2", "--prompt_len", "3",
                      "--new_tokens", "2", "--context_len", "6", "--repeats", "1"])
     out = capsys.readouterr().out
-    assert f"torch {torch.__version__}" in out and f"{torch.get_num_threads()} threads" in out
+    assert f"torch {torch.__version__}" in out and f"{torch.get_num_threads()} thread" in out
     assert "tiny, double heads," in out and heads == [2 * gla.make_config("tiny", "gla2").n_head]
     assert re.search(r"^\| gla2 \| 2 \| \d+ \| - \| - \|$", out, re.M)  # ours only: no HF columns
     assert re.search(r"^\| gla2 \| \d+\.\d\d \| \d+\.\d\d \| \d+\.\d \|$", out, re.M)  # step vs full forward
@@ -1454,6 +1454,13 @@ def test_decode_speed_command_prints_rows_and_draws(tmp_path, capsys):
     for S in (8, 16):  # the products alone, at Lq 1 only
         assert re.search(rf"^\| GLA-2 x2 heads \| 2 \| {S} \| {number} \| {number} \| {number} \| \d+% \|$", out, re.M)
     assert png.read_bytes()[:8] == PNG_MAGIC
+    rows, title = decode_speed.read_rows(png.with_suffix(".csv"))  # what --from_csv redraws from
+    assert [(r["S"], r["Lq"], r["double_heads"]) for r in rows] == [(8, 1, True), (16, 1, True), (8, 2, True),
+                                                                    (16, 2, True)]
+    assert all(r["cache_bytes"] == 2 * (r["S"] - 1) * 320 * 4 for r in rows) and "TP-2" in title
+    redrawn = tmp_path / "again.png"
+    assert decode_speed.main(["--from_csv", str(png.with_suffix(".csv")), "--output", str(redrawn)]) == 0
+    assert redrawn.read_bytes()[:8] == PNG_MAGIC
     with pytest.raises(SystemExit):
         decode_speed.main(["--min_tokens", "64", "--max_tokens", "32"])
     assert "--max_tokens 32 must be >= --min_tokens 64" in capsys.readouterr().err
@@ -2969,3 +2976,42 @@ def test_pretrained_bench_writes_loads_and_tabulates_a_tiny_checkpoint(tmp_path,
     for dtype in "float32", "bfloat16":
         assert re.search(rf"^\| {dtype} \| [\d.e-]+ \| [\d.]+ \| [\d.]+ \([\d.]+x\) \|", out, re.M), out
     assert re.search(r"load average before: [\d.]+ ", out) and not list(tmp_path.iterdir())
+
+
+class GPT2Stand_in:
+    """tiktoken's "gpt2" encoding, stood in for (tiktoken downloads its ranks on first use): a text's bytes are its
+    ids, and ids decode as numbers."""
+
+    def encode(self, text):
+        return list(text.encode())
+
+    def decode(self, ids):
+        return " ".join(map(str, ids))
+
+
+def test_sampling_takes_a_release_folder_and_measures_its_validation_loss(tmp_path, capsys, monkeypatch):
+    """Issue 66 item 2: train.py --sample reads a release folder as it reads a run, and --data adds the model's mean
+    loss on the first --eval_iters validation windows of that data, as training reads them (batch s = f(seed, s))."""
+    model = small_model("gla2", double_heads=True, vocab_size=512)
+    folder = tmp_path / "main" / "gla_2"
+    write_release(folder, *release_checkpoint(model))
+    shards = tmp_path / "edu_fineweb10B"
+    shards.mkdir()
+    rng = np.random.default_rng(0)
+    for name in ("edu_fineweb_train_000001.bin", "edu_fineweb_val_000000.bin"):
+        write_tokens(shards / name, rng.integers(0, 512, 1000), [20240520, 1, 1000])
+    argv = ["--sample", str(folder), "--prompt", "hi", "--max_new_tokens", "3", "--temperature", "0",
+            "--data", str(shards), "--eval_iters", "2"]
+    monkeypatch.setitem(sys.modules, "tiktoken", None)  # not installed
+    assert train.cli(argv) == 2
+    err = capsys.readouterr().err
+    assert err == f"train.py: error: {folder} reads GPT-2 tokens: pip install tiktoken\n", err
+    monkeypatch.setitem(sys.modules, "tiktoken", types.SimpleNamespace(get_encoding=lambda name: GPT2Stand_in()))
+    assert train.cli(argv) == 0
+    out = capsys.readouterr().out
+    greedy = model.generate(torch.tensor([list(b"hi")]), 3, temperature=0)[0].tolist()
+    assert sampled_texts(out) == [" ".join(map(str, greedy))]
+    data = train.load_data(str(shards), model.config.block_size)
+    losses = [model(*train.get_batch(data, "val", k, 1, model.config.block_size, 1337))[1].item() for k in range(2)]
+    loss = float(re.search(r"^-- validation loss (\d+\.\d+) nats a token over 2 windows of 128 tokens", out, re.M)[1])
+    assert loss == pytest.approx(sum(losses) / 2, abs=1e-4)

@@ -714,64 +714,74 @@ def cache_report(model, full, rank, tp, length):
             f"{full.kv_cache_elems_per_token_per_layer}), {nbytes:,} bytes at {length} tokens")
 
 
-def load_run(path, world_size):
-    """(path, GPTConfig, state dict) of a run from its ckpt.pt or its folder, memory-mapped (only what we load is
-    read), checked to split into world_size tensor-parallel shards. Raises Error."""
+def load_model(path, dtype):
+    """A trained model on the CPU in dtype: a run of train.py (its ckpt.pt or its folder, memory-mapped: only what we
+    load is read), or a folder of the MLRA release (config.json and pytorch_model*.bin: gla.GPT.from_pretrained).
+    Raises Error."""
     path = pathlib.Path(path)
-    if path.is_dir():
-        path = path / "ckpt.pt"
     try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-        config = gla.GPTConfig(**ckpt["config"]["model"])
-        gla.tp_share(config, 0, world_size)
+        if path.is_dir() and not (path / "ckpt.pt").exists() and (path / "config.json").exists():
+            return gla.GPT.from_pretrained(path, dtype)
+        ckpt = torch.load(path / "ckpt.pt" if path.is_dir() else path, map_location="cpu", weights_only=True, mmap=True)
+        model = gla.GPT(gla.GPTConfig(**ckpt["config"]["model"]))
+        model.load_state_dict(ckpt["model"])
+        return model.to(dtype)
     except gla.ConfigError as e:
-        raise Error(f"{path}: {e}") from None
-    except Exception as e:  # missing, truncated, or not train.py's
-        raise Error(f"cannot read {path} as a checkpoint of train.py ({type(e).__name__}); pass a run's ckpt.pt or "
-                    "its folder, <out_dir>/<run>/seed<seed>") from None
-    return path, config, ckpt["model"]
+        raise Error(str(e)) from None
+    except Exception as e:  # missing, truncated, or neither train.py's nor the release's
+        raise Error(f"cannot read {path} ({type(e).__name__}): pass a run of train.py, <out_dir>/<run>/seed<seed>, "
+                    "or a folder of the MLRA release") from None
 
 
 def get_sample_args(argv):
     """The flags of train.py --sample (training's are refused here, as these are by get_args)."""
-    p = ArgumentParser(prog="train.py --sample", description="Sample text from trained runs.")
-    p.add_argument("--sample", nargs="+", metavar="RUN", required=True,
-                   help="runs to sample from: a ckpt.pt or its folder, <out_dir>/<run>/seed<seed>")
+    p = ArgumentParser(prog="train.py --sample", description="Sample text from trained models, and measure their loss.")
+    p.add_argument("--sample", nargs="+", metavar="MODEL", required=True,
+                   help="runs of train.py (<out_dir>/<run>/seed<seed> or a ckpt.pt) or folders of the MLRA release")
     p.add_argument("--prompt", default="\n")
-    p.add_argument("--max_new_tokens", type=int, default=100, help="at most the run's block_size, prompt included")
+    p.add_argument("--max_new_tokens", type=int, default=100, help="at most the model's block_size, prompt included")
     p.add_argument("--temperature", type=float, default=0.8, help="0: greedy")
     p.add_argument("--top_k", type=int, default=200, help="sample among the k likeliest tokens (0: all)")
-    p.add_argument("--seed", type=int, default=1337, help="torch seed of the draws")
+    p.add_argument("--seed", type=int, default=1337, help="torch seed of the draws, and of the validation windows")
+    p.add_argument("--data", help="also print the loss on this data's validation split (as --data of training)")
+    p.add_argument("--eval_iters", type=int, default=10, help="validation windows of block_size tokens for --data")
     p.add_argument("--device", help="cuda or cpu (default: cuda when available)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="the weights' dtype")
     p.add_argument("--compile", action="store_true", help="torch.compile the decode step")
     args = p.parse_args(argv)
     if not (math.isfinite(args.temperature) and args.temperature >= 0):
         p.error(f"--temperature must be >= 0 (0: greedy), got {args.temperature}")
-    if args.top_k < 0 or args.max_new_tokens < 1:
-        p.error("--top_k must be >= 0 (0: every token) and --max_new_tokens >= 1")
+    if args.top_k < 0 or args.max_new_tokens < 1 or args.eval_iters < 1:
+        p.error("--top_k must be >= 0 (0: every token), --max_new_tokens and --eval_iters >= 1")
     return args
 
 
 def sample(argv):
-    """train.py --sample RUN [RUN ...]: print each run's text, its speed and what each process's cache holds."""
+    """train.py --sample MODEL [MODEL ...]: print each model's text, its speed, what each process's cache holds and,
+    with --data, its validation loss."""
     args = get_sample_args(argv)
-    runs = [load_run(path, int(os.environ.get("WORLD_SIZE", 1))) for path in args.sample]  # checked before we start
-    ctx = setup(args.device, "float32")
-    for path, config, state in runs:
-        model = gla.GPT(config)
-        model.load_state_dict(state)
+    ctx = setup(args.device, args.dtype)
+    for path in args.sample:
+        model = load_model(path, ctx.dtype)
+        config = model.config
         model.to(ctx.device).eval()
         if ctx.world_size > 1:
-            gla.shard_for_tp(model, ctx.rank, ctx.world_size)
+            try:
+                gla.shard_for_tp(model, ctx.rank, ctx.world_size)
+            except gla.ConfigError as e:
+                raise Error(f"{path}: {e}") from None
         if config.vocab_size == 256:  # bytes are tokens (the stdlib corpus, text files)
             prompt = list(args.prompt.encode("utf-8", errors="surrogateescape"))  # argv's non-UTF-8 bytes back
-        else:  # GPT-2 tokens (token files)
-            import tiktoken
+        else:  # GPT-2 tokens (token files, the release)
+            try:
+                import tiktoken
+            except ImportError:
+                raise Error(f"{path} reads GPT-2 tokens: pip install tiktoken") from None
             encoding = tiktoken.get_encoding("gpt2")
             prompt = encoding.encode(args.prompt)
         if not prompt or len(prompt) + args.max_new_tokens > config.block_size:
             raise Error(f"{path}: a prompt of {len(prompt)} tokens and --max_new_tokens {args.max_new_tokens} must "
-                        f"fit the run's block_size of {config.block_size} tokens")
+                        f"fit the model's block_size of {config.block_size} tokens")
         torch.manual_seed(args.seed)
         started = time.perf_counter()
         idx = torch.tensor([prompt], device=ctx.device)
@@ -785,10 +795,19 @@ def sample(argv):
             text = bytes(tokens).decode("utf-8", errors="backslashreplace")  # a half-learned character shows as \xNN
         else:
             text = encoding.decode(tokens)
-        if ctx.master:
-            print(f"== {path}: {config.attn}, {config.n_head} query heads, temperature {args.temperature}",
-                  text, f"-- {args.max_new_tokens} new tokens in {seconds:.3f} s (batch 1, prefill included)",
-                  *reports, sep="\n", flush=True)
+        log(ctx, f"== {path}: {config.attn}, {config.n_head} query heads, temperature {args.temperature}\n{text}\n"
+                 f"-- {args.max_new_tokens} new tokens in {seconds:.3f} s (batch 1, prefill included)")
+        for report in reports:
+            log(ctx, report)
+        if args.data:  # the loss on validation windows 0 .. eval_iters - 1, one at a time, as training reads them
+            data = load_data(args.data, config.block_size)
+            total = 0.0
+            for k in range(args.eval_iters):
+                x, y = get_batch(data, "val", k, 1, config.block_size, args.seed)
+                with torch.no_grad():
+                    total += model(x.to(ctx.device), y.to(ctx.device))[1].item()
+            log(ctx, f"-- validation loss {total / args.eval_iters:.4f} nats a token over {args.eval_iters} windows of "
+                     f"{config.block_size} tokens of {data.source}")
 
 
 # ----------------------------------------------------------------------------

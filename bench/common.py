@@ -79,7 +79,8 @@ def machine(device="cpu"):
                 name = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
         except (OSError, StopIteration):
             pass
-    return f"{name}, {torch.get_num_threads()} threads, torch {torch.__version__}"
+    threads = torch.get_num_threads()
+    return f"{name}, {threads} thread{'s' if threads > 1 else ''}, torch {torch.__version__}"
 
 
 def matmul_gflops(n=1024, reps=10):

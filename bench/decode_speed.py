@@ -21,6 +21,8 @@ dashed) to --output.
         [--repeats 5] [--tp 2] [--variants gqa mla gla2] [--output assets/decode_speed.png]
 """
 import argparse
+import csv
+import itertools
 import os
 import pathlib
 import statistics
@@ -212,34 +214,66 @@ def print_row(r):
 
 
 def plot_rows(rows, title, path):
-    """The cache's part of a step (ms, log) against cached tokens (log 2), one panel per batch size at the smallest
-    Lq, one line per model and its floor dashed in the same colour; a PNG to path (a file name or a binary file)."""
+    """The cache's part of a step (ms, log) against cached tokens (log 2) at the smallest Lq: a panel per batch size
+    (rows) and head count (columns: baseline, double heads), in each a solid line per design and its floor dashed in
+    the same colour; a PNG to path."""
     batches, lq = sorted({r["B"] for r in rows}), min(r["Lq"] for r in rows)
-    fig, axes = plt.subplots(1, len(batches), figsize=(6.2 * len(batches), 4.8), squeeze=False)
-    for ax, B in zip(axes[0], batches):
-        for variant, double_heads in dict.fromkeys((r["variant"], r["double_heads"]) for r in rows):
+    heads = sorted({r["double_heads"] for r in rows})
+    fig, axes = plt.subplots(len(batches), len(heads), figsize=(5.6 * len(heads), 3.9 * len(batches)), squeeze=False,
+                             sharex=True)
+    for (i, B), (j, double_heads) in itertools.product(enumerate(batches), enumerate(heads)):
+        ax = axes[i][j]
+        for variant in dict.fromkeys(r["variant"] for r in rows):
             line = [r for r in rows if (r["variant"], r["double_heads"], r["B"], r["Lq"]) ==
                     (variant, double_heads, B, lq)]
+            if not line:
+                continue
             S = [r["S"] for r in line]
-            colour, width = plot.STYLE[variant][1], 2.4 if double_heads else 1.4
-            marker = "s" if double_heads else "o"
+            colour = plot.STYLE[variant][1]
             measured = [r["cache_ms"] if r["cache_ms"] > 0 else float("nan") for r in line]  # noise at small S
-            ax.plot(S, measured, color=colour, lw=width, marker=marker, ms=4,
-                    label=f"{model_label(variant, double_heads)} ({line[0]['elems']} elements/token)")
-            ax.plot(S, [r["cache_floor_ms"] for r in line], color=colour, lw=width * 0.7, ls="--", alpha=0.8)
+            ax.plot(S, measured, color=colour, lw=2, marker="o", ms=4,
+                    label=f"{plot.STYLE[variant][0]}, {line[0]['elems']} elements/token")
+            ax.plot(S, [r["cache_floor_ms"] for r in line], color=colour, lw=1.2, ls="--")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xticks(S, [f"{n // 1024}K" if n >= 1024 else str(n) for n in S])
-        ax.set_xlabel("cached tokens S")
-        ax.set_ylabel("ms of the step the cache costs (step at S - step at 1)")
-        ax.set_title(f"batch {B}, {lq} new token{'s' if lq > 1 else ''} a step; dashed: the roofline floor",
-                     fontsize=9)
+        ax.set_title(f"batch {B}, {line[0]['n_head']} query heads" + (" (double heads)" if double_heads else ""),
+                     fontsize=10)
         ax.grid(True, which="major", alpha=0.25)
-        ax.legend(fontsize=7, loc="lower right")
-    fig.suptitle(title, fontsize=9)
+        ax.legend(fontsize=8, loc="upper left")
+        if i == len(batches) - 1:
+            ax.set_xlabel("cached tokens")
+        if j == 0:
+            ax.set_ylabel("ms the cache adds to a step")
+    fig.suptitle(f"{title}\nsolid: measured; dashed: the floor, max(bytes / bandwidth, FLOPs / peak); "
+                 f"{lq} new token{'s' if lq > 1 else ''} a step", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=150, format="png")
     plt.close(fig)
+
+
+def write_rows(rows, title, path):
+    """The rows as CSV, the title on its first line, so that --from_csv can redraw the figure without measuring."""
+    with open(path, "w", newline="") as f:
+        f.write(title.replace("\n", " | ") + "\n")
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def read_rows(path):
+    """(rows, title) of a CSV write_rows wrote, its numbers parsed back."""
+    with open(path, newline="") as f:
+        title = f.readline().rstrip("\n").replace(" | ", "\n")
+        rows = []
+        for row in csv.DictReader(f):
+            for key, value in row.items():
+                if key == "double_heads":
+                    row[key] = value == "True"
+                elif key not in ("variant",) and not key.endswith("_bound"):
+                    row[key] = float(value) if "." in value or "e" in value else int(value)
+            rows.append(row)
+    return rows, title
 
 
 def main(argv=None):
@@ -256,8 +290,13 @@ def main(argv=None):
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cpu", "cuda"])
     p.add_argument("--clock", default="wall", choices=["wall", "cpu"],
                    help="cpu: this process's CPU seconds, for a machine shared with other work (needs --threads 1)")
-    p.add_argument("--output", default="decode_speed.png", help="PNG to write (default: %(default)s)")
+    p.add_argument("--output", default="decode_speed.png", help="PNG to write, its rows in a CSV beside it")
+    p.add_argument("--from_csv", help="redraw --output from the rows of an earlier run, measuring nothing")
     args = p.parse_args(argv)
+    if args.from_csv:
+        plot_rows(*read_rows(args.from_csv), args.output)
+        print(f"wrote {args.output}")
+        return 0
     for name in ("min_tokens", "repeats", "threads", "tp"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             p.error(f"--{name} must be >= 1, got {getattr(args, name)}")
@@ -312,11 +351,12 @@ def main(argv=None):
                 print(f"| {model_label(r['variant'], r['double_heads'])} | {r['B']} | {r['S']} | {ms:.1f} | "
                       f"{r['cache_ms']:.1f} | {r['cache_floor_ms']:.1f} | {r['cache_floor_ms'] / ms:.0%} |",
                       flush=True)
-    title = (f"One layer's decode step at paper dims: the cache's part against its roofline floor\n{where}{tp}; "
-             f"matmul peak {roofs.peak / 1e9:.0f} GFLOP/s, read bandwidth measured at each size")
+    title = (f"One layer's decode step at paper dims: the cache's part against its floor\n{where}{tp}; matmul "
+             f"peak {roofs.peak / 1e9:.0f} GFLOP/s (the best of 5 calls), read bandwidth measured at each size")
     os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
     plot_rows(rows, title, args.output)
-    print(f"wrote {args.output}")
+    write_rows(rows, title, os.path.splitext(args.output)[0] + ".csv")
+    print(f"wrote {args.output} and its rows, {os.path.splitext(args.output)[0]}.csv")
     return 0
 
 

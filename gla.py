@@ -644,8 +644,6 @@ def read_release(path, dtype=None):
     return saved, weights
 
 
-
-
 # ----------------------------------------------------------------------------
 # Tensor-parallel decode, Megatron-style (Shoeybi et al. 2019, arXiv 1909.08053, Sec. 3). Each of tp ranks holds a
 # slice of every layer and computes a partial sum of the attention and MLP outputs; an all-reduce after each adds them

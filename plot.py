@@ -346,14 +346,9 @@ def csv_text(curves, unit, setting):
 
 
 def check_output(output):
-    """Refuse, before anything is read, an --output that is not a .png or whose folder would be under a file."""
+    """Refuse, before anything is read, an --output that is not a .png."""
     if os.path.splitext(output)[1].lower() != ".png":
         raise PlotError(f"--output must end in .png, got {output!r}")
-    folder = pathlib.Path(os.path.abspath(output)).parent
-    while not folder.exists():
-        folder = folder.parent
-    if not folder.is_dir():
-        raise PlotError(f"--output {output!r}: {folder} is a file, not a folder")
 
 
 def write_figure(curves, unit, setting, output, csv_path=None):

@@ -381,7 +381,8 @@ def setup(device=None, dtype=None):
     dtype = getattr(torch, dtype or ("bfloat16" if device.startswith("cuda") else "float32"))
     if "RANK" not in os.environ:
         return Context(torch.device(device), dtype)
-    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    rank = int(os.environ["RANK"])
+    world_size = int(os.environ["WORLD_SIZE"])
     if device.startswith("cuda"):
         local_rank = int(os.environ["LOCAL_RANK"])
         torch.cuda.set_device(local_rank)

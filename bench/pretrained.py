@@ -11,7 +11,8 @@ Then, for each dtype, one after another, a fresh Python process loads it and rep
   - seconds to load;
   - tokens/s decoding one sequence through the KV cache (median of --new_tokens steps after a --prompt_len prefill),
     against the floor of reading every weight once per token: the weights' bytes / this machine's read bandwidth,
-    measured first as the best of a few sums over a --bandwidth_gb GB buffer.
+    measured first as the best of a few sums over a --bandwidth_gb GB buffer; and against the rate torch's own
+    matrix-vector products read the model's weights (gemv_bandwidth), which is what a batch-1 step is made of.
 The folder is deleted at the end. A busy machine slows every timing: the load average is printed beside them.
 
     python bench/pretrained.py [--preset paper] [--variant gla2] [--double_heads] [--n_layer N] [--n_embd N]
@@ -146,6 +147,22 @@ def peak_anonymous(stop, peak, interval=0.01):
         peak[0] = max(peak[0], memory_status()["RssAnon"])
 
 
+def gemv_bandwidth(model, repeats=3):
+    """Bytes per second that torch's matrix-vector product reads on this CPU: F.linear of one token over every layer's
+    MLP matrices (w1, w2, w3: most of the weights) in their own dtype and memory, the best of `repeats` passes. A decode
+    step at batch 1 is such products: this, not a sum's bandwidth, is the rate it can reach."""
+    weights = [m.weight for block in model.blocks for m in (block.mlp.w1, block.mlp.w2, block.mlp.w3)]
+    nbytes = sum(w.numel() * w.element_size() for w in weights)
+    best = float("inf")
+    with torch.inference_mode():
+        for _ in range(repeats):
+            t = time.perf_counter()
+            for w in weights:
+                torch.nn.functional.linear(torch.ones(1, w.shape[1], dtype=w.dtype), w)
+            best = min(best, time.perf_counter() - t)
+    return nbytes / best
+
+
 def measure(folder, dtype, prompt_len, new_tokens):
     """In this (fresh) process: load folder with gla.GPT.from_pretrained in dtype, then decode new_tokens greedy
     tokens one at a time after a random prompt_len-token prompt. A dict: load seconds, memory_status before and after
@@ -174,7 +191,7 @@ def measure(folder, dtype, prompt_len, new_tokens):
             logits = model.decode(logits.argmax(-1, keepdim=True), cached, max_seqlen=prompt_len + k + 1)[:, -1]
             steps.append(time.perf_counter() - t)
     return dict(load_seconds=load_seconds, before=before, after_load=after_load, after_decode=memory_status(),
-                step_seconds=statistics.median(steps), weight_bytes=weight_bytes)
+                step_seconds=statistics.median(steps), weight_bytes=weight_bytes, gemv=gemv_bandwidth(model))
 
 
 def main(argv=None):
@@ -211,7 +228,8 @@ def main(argv=None):
                 f"{fp32_bytes / GB:.1f} GB")
     print(f"{machine()}; {args.preset} {args.variant}{', double heads' if args.double_heads else ''}: "
           f"{config.n_layer} layers, n_embd {config.n_embd}, {fp32_bytes / 4 / 1e9:.3g}B parameters")
-    print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())} (1, 5, 15 min)")
+    before = os.getloadavg()
+    print(f"load average before: {' '.join(f'{x:.2f}' for x in before)} (1, 5, 15 min)")
     bandwidth = read_bandwidth(args.bandwidth_gb)
     print(f"read bandwidth: {bandwidth / GB:.1f} GB/s (best sum over a {args.bandwidth_gb:g} GB buffer)")
     with tempfile.TemporaryDirectory(prefix="mlra-checkpoint-", dir=args.dir) as folder:
@@ -233,8 +251,9 @@ def main(argv=None):
     print("\nMemory in GB; x: its growth over the process before loading (Python, torch), per weights' byte. Peaks: "
           "VmHWM, the memory-mapped .bin pages read included; anon: the load's sampled peak of anonymous memory.\n")
     print("| dtype | weights | before load | peak after load | its anon peak | peak after decode | anon / file-backed "
-          "then | load s | decode s/token | floor s/token (weights / bandwidth) | tokens/s |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "then | load s | decode s/token | floor s/token (weights / bandwidth) | torch's GEMV GB/s | weights / GEMV "
+          "s/token | tokens/s |")
+    print("|---" * 13 + "|")
     for dtype, m in rows:
         w, base = m["weight_bytes"], m["before"]["VmRSS"]
         peaks = [f"{m[when]['VmHWM'] / GB:.3g} ({(m[when]['VmHWM'] - base) / w:.2f}x)" for when in ("after_load",
@@ -243,11 +262,11 @@ def main(argv=None):
         print(f"| {dtype} | {w / GB:.3g} | {base / GB:.3g} | {peaks[0]} | {anon / GB:.3g} "
               f"({(anon - m['before']['RssAnon']) / w:.2f}x) | {peaks[1]} | "
               f"{m['after_decode']['RssAnon'] / GB:.3g} / {m['after_decode']['RssFile'] / GB:.3g} "
-              f"| {m['load_seconds']:.3g} | {m['step_seconds']:.3g} | {w / bandwidth:.3g} "
-              f"| {1 / m['step_seconds']:.3g} |")
-    if max(load[0], load[1]) > 0.5:
-        print("\nThe machine was busy (load average > 0.5): an idle one would take at most these seconds and decode at "
-              "least these tokens/s; the memory figures do not depend on the load.")
+              f"| {m['load_seconds']:.3g} | {m['step_seconds']:.3g} | {w / bandwidth:.3g} | {m['gemv'] / GB:.3g} "
+              f"| {w / m['gemv']:.3g} | {1 / m['step_seconds']:.3g} |")
+    if before[0] > 0.5:  # after, the load average counts this script's own threads
+        print("\nThe machine was busy before (load average > 0.5): an idle one would take at most these seconds and "
+              "decode at least these tokens/s; the memory figures do not depend on the load.")
     return 0
 
 

@@ -496,6 +496,11 @@ def write_file(path, content):
                     "it writable, then --resume", status=1) from None
 
 
+def write_metrics(path, rows):
+    """Write a run's evaluations (dicts) as metrics.jsonl, one JSON line each, whole (write_file)."""
+    write_file(path, "".join(json.dumps(row) + "\n" for row in rows).encode())
+
+
 def read_metrics(path, up_to_iter=math.inf):
     """The evaluations in a run's metrics.jsonl (a list of dicts) up to iteration up_to_iter."""
     if not path.exists():
@@ -598,7 +603,7 @@ def train_run(args, variant, double_heads, data, ctx, stop, bar):
         if step == 0 and ckpt_path.exists():
             ckpt_path.unlink()  # started over: an old checkpoint must never be resumed later
         write_file(folder / "config.json", json.dumps(spec, indent=2).encode())
-        write_file(folder / "metrics.jsonl", "".join(json.dumps(row) + "\n" for row in rows).encode())
+        write_metrics(folder / "metrics.jsonl", rows)
     log(ctx, f"{name}: {model.num_params():,} parameters, n_head {config.n_head}, ffn_hidden {config.ffn_hidden}, "
              f"KV cache {config.kv_cache_elems_per_token_per_layer} elements/token/layer")
 
@@ -641,7 +646,7 @@ def train_run(args, variant, double_heads, data, ctx, stop, bar):
             loss_sum = 0.0
             loss_count = 0
             if ctx.master:
-                write_file(folder / "metrics.jsonl", "".join(json.dumps(row) + "\n" for row in rows).encode())
+                write_metrics(folder / "metrics.jsonl", rows)
             log(ctx, f"{name} iter {step}: train {rows[-1]['train_loss']:.4f} val {val_loss:.4f}")
         if step % args.ckpt_interval == 0 or step == args.max_iters or stopping:
             # Weights that went non-finite (a finite loss, then an overflowing update) are never saved.
@@ -822,7 +827,8 @@ def main(argv=None):
     # its twin, which --init coupled draws against), and no run folder holds what this command would erase.
     for variant, double_heads in models_of(args):
         model_config(args, variant, double_heads)
-        model_config(args, variant, not double_heads)
+        if args.init == "coupled":
+            model_config(args, variant, not double_heads)
     for run in runs_of(args):
         check_run_folder(run_dir(args.out_dir, *run), args)
     ctx = setup(args.device, args.dtype)

@@ -1,6 +1,6 @@
-"""Tests for gla.py, kernels.py, train.py and plot.py, and for the bench/ scripts they feed.
+"""Tests for gla.py, kernels.py, train.py and plot.py (the bench/ scripts' tests are bench/test_bench.py).
 
-python -m pytest -q    # about 4 minutes on 2 CPU cores
+python -m pytest -q    # both files, from the repository root: about 4 minutes on 2 CPU cores
 
 Without CUDA the Triton kernels run on CPU tensors in Triton's interpreter; with
 CUDA they are compiled and test_kernel_on_cuda checks them in bf16 as well.
@@ -40,8 +40,6 @@ import gla
 import kernels
 import plot
 import train
-from bench import common, decode_cpu, gpu_build, gpu_check, job_time, replot, roofline, train_speed
-from bench import memory as memory_bench
 from train import TokenData, permute
 
 REPO = pathlib.Path(__file__).resolve().parent
@@ -255,12 +253,18 @@ def test_width_rule_counts_every_attention_weight():
     assert gla.GPTConfig() == gla.make_config("tiny", "gqa")  # the defaults are the tiny GQA model
 
 
-def test_paper_plan(capsys, monkeypatch):
-    # The paper-scale configs, not their memory: the 24 peaks of six 2.9B models on fake tensors take 20 s, and
-    # test_a_run_that_cannot_fit_in_memory_is_refused_before_building measures one at this scale.
-    monkeypatch.setattr(memory_bench, "peak_bytes", lambda *args, **kwargs: 0)
-    assert memory_bench.main(["--attn", "all", "--preset", "paper"]) == 0
-    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+def test_paper_plan():
+    """The paper-scale configs that `train.py --attn all --preset paper` builds (the shapes of bench/memory.py's plan,
+    not their memory), each with its parameters counted on the meta device."""
+    args = train.get_args(["--attn", "all", "--preset", "paper"])
+    rows = []
+    for variant, double_heads in train.models_of(args):
+        config = train.model_config(args, variant, double_heads)
+        with torch.device("meta"):
+            n_params = gla.GPT(config).num_params()
+        rows.append(dict(attn=variant, double_heads=double_heads, preset=args.preset, n_params=n_params,
+                         ffn_hidden=config.ffn_hidden, n_head=config.n_head,
+                         kv_cache_elems_per_token_per_layer=config.kv_cache_elems_per_token_per_layer))
     assert len(rows) == 2 * len(VARIANTS)
     assert {(row["attn"], row["double_heads"]) for row in rows} >= set(PAPER_WIDTHS)  # the paper's six among them
     for row in rows:
@@ -539,33 +543,6 @@ def test_make_config_kv_lora_rank_sizes_the_latent_of_mla_and_gla_only():
         == 16
 
 
-def test_import_transformers_loads_hf_kernels_beside_ours(tmp_path):
-    """transformers >= 5 runs `from kernels import CUDAProperties`; with our kernels.py first on sys.path that raised.
-    In a fresh process, stand-ins for transformers and Hugging Face's `kernels` sit right after this folder on
-    sys.path, ahead of any installed transformers: import_transformers loads them beside ours."""
-    site = tmp_path / "site-packages"
-    (site / "kernels").mkdir(parents=True)
-    (site / "kernels" / "__init__.py").write_text("CUDAProperties = 'hf'\n")
-    (site / "transformers" / "integrations").mkdir(parents=True)
-    (site / "transformers" / "__init__.py").write_text("")
-    (site / "transformers" / "integrations" / "__init__.py").write_text("")
-    (site / "transformers" / "integrations" / "hub_kernels.py").write_text("from kernels import CUDAProperties\n")
-    script = f"""
-import sys
-sys.path[:0] = [{str(REPO)!r}, {str(site)!r}]
-import gla, kernels
-from bench.common import import_transformers
-transformers = import_transformers()
-assert transformers.__file__ == {str(site / "transformers" / "__init__.py")!r}, transformers.__file__
-assert transformers.integrations.hub_kernels.CUDAProperties == "hf"
-assert sys.modules["kernels"] is kernels and kernels.decode_attention is gla.decode_attention  # ours again
-assert kernels.__file__ == {str(REPO / "kernels.py")!r}, kernels.__file__
-assert sys.path[:2] == [{str(REPO)!r}, {str(site)!r}], sys.path[:2]
-"""
-    r = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr[-2000:]
-
-
 # ----------------------------------------------------------------------------
 # train.py --sample: the sampling command, on one process and tensor-parallel under torchrun
 
@@ -728,150 +705,6 @@ def test_sampling_command_takes_a_tiny_temperature_and_a_prompt_that_is_not_utf8
     assert train.cli(["--sample", str(path), "--prompt", "ab\udcff\udcfe", "--max_new_tokens", "1"]) == 0
     captured = capsys.readouterr()
     assert captured.err == "" and "\nab\\xff\\xfe" in captured.out, captured.out
-
-
-def test_decode_bench_prints_machine_and_tables_without_transformers(monkeypatch, capsys):
-    heads = []
-
-    def no_transformers(config):
-        heads.append(config.n_head)
-        raise ModuleNotFoundError("No module named 'transformers'", name="transformers")
-
-    monkeypatch.setattr(decode_cpu, "hf_twin", no_transformers)
-    monkeypatch.setattr(decode_cpu, "CALLS", 1)
-    decode_cpu.main(["--variants", "gla2", "--double_heads", "--batch_sizes", "2", "--prompt_len", "3",
-                     "--new_tokens", "2", "--context_len", "6", "--repeats", "1"])
-    out = capsys.readouterr().out
-    assert f"torch {torch.__version__}" in out and f"{torch.get_num_threads()} thread" in out
-    assert "tiny, double heads," in out and heads == [2 * gla.make_config("tiny", "gla2").n_head]
-    assert re.search(r"^\| gla2 \| 2 \| \d+ \| - \| - \|$", out, re.M)  # ours only: no HF columns
-    assert re.search(r"^\| gla2 \| \d+\.\d\d \| \d+\.\d\d \| \d+\.\d \|$", out, re.M)  # step vs full forward
-    for bad, match in [(["--context_len", "1"], "--context_len must be >= 2"), (["--variants", "gla0"], "GLA-0"),
-                       (["--long_tokens", "0"], "--long_tokens must be >= 1")]:
-        with pytest.raises(SystemExit):
-            decode_cpu.main(bad)
-        assert match in capsys.readouterr().err
-
-
-class FixedStepTimes:
-    """A stand-in for bench.common.time_models: every model of the job takes `seconds` a step."""
-
-    def __init__(self, seconds):
-        self.seconds = seconds
-
-    def __call__(self, args, ctx, steps):
-        return {train.run_name(v, d): (train.model_config(args, v, d), self.seconds) for v, d in train.models_of(args)}
-
-
-def test_job_time_predicts_the_main_job_from_timed_steps_and_its_plan(monkeypatch, capsys):
-    """Issue 52: one command that prints this core's matmul GFLOP/s and the main job's time. With every step 0.5 s,
-    a run of the main job is 400 steps + 16 evaluations of 8 forwards (a third of a step each): 221.3 s; one process
-    trains the six models of each of its 2 seeds in turn, so the job takes 12 x 221.3 s = 44 min."""
-    monkeypatch.setattr(job_time, "time_models", FixedStepTimes(0.5))
-    monkeypatch.setattr(job_time, "matmul_gflops", lambda: 85.0)
-    threads = torch.get_num_threads()
-    job_time.main([])
-    out = capsys.readouterr().out
-    assert "one core's float32 matmul (1024^3 torch.mm, one thread): 85.0 GFLOP/s" in out
-    assert f"one process trains on {threads} thread(s)" in out
-    assert "estimate: 12 runs (6 model(s) x 2 seed(s)) of 400 steps, one process: about 44 min in all" in out
-    job_time.main(["--attn", "mla", "--seeds", "4", "--max_iters", "10", "--eval_interval", "5"])
-    run = 0.5 * (10 + 2 * 8 / 3)  # seconds: 10 steps, 2 evaluations of 8 forwards
-    assert f"4 runs (1 model(s) x 4 seed(s)) of 10 steps, one process: about {4 * run:.0f} s" in capsys.readouterr().out
-    assert torch.get_num_threads() == threads  # the matmul's one thread given back
-    with pytest.raises(SystemExit):
-        job_time.main(["--steps", "0"])
-    assert "--steps must be >= 1" in capsys.readouterr().err
-    args = train.get_args(["--n_layer", "1", "--n_embd", "32", "--head_dim", "8", "--block_size", "8",
-                           "--batch_size", "2"])
-    assert common.train_step_seconds(train.model_config(args, "gla2", True), args, train.setup("cpu"), 1) > 0
-
-
-def test_train_speed_prints_the_main_jobs_fraction_of_the_matmul_peak(monkeypatch, capsys):
-    """Issue 52: tokens/s x training FLOPs per token (the model's own count) over one core's matmul GFLOP/s."""
-    monkeypatch.setattr(train_speed, "time_models", FixedStepTimes(0.5))
-    monkeypatch.setattr(train_speed, "matmul_gflops", lambda: 100.0)
-    threads = torch.get_num_threads()
-    train_speed.main_job_fraction()
-    assert torch.get_num_threads() == threads
-    out = capsys.readouterr().out
-    config = gla.make_config("tiny", "gla2", True)
-    flops = common.training_flops_per_token(config)
-    rate = 16 * 128 / 0.5 * flops / 1e9  # GFLOP/s
-    assert re.search(rf"^gla2_double_heads +4,096 +{flops / 1e6:.2f} +{rate:.1f} "
-                     rf"+{rate:.0f}%$", out, re.M), out
-
-
-def test_training_flops_per_token_counts_parameters_and_attention():
-    config = gla.make_config("tiny", "gqa")
-    n_params = gla.GPT(config).num_params()
-    attention = 6 * config.n_layer * config.n_head * config.block_size * 2 * config.head_dim
-    assert common.training_flops_per_token(config) == 6 * n_params + attention
-    mla = gla.make_config("tiny", "mla")
-    d_qk = mla.qk_nope_head_dim + mla.qk_rope_head_dim
-    attention = 6 * mla.n_layer * mla.n_head * mla.block_size * (d_qk + mla.v_head_dim)
-    assert common.training_flops_per_token(mla) == 6 * gla.GPT(mla).num_params() + attention
-
-
-def test_measured_peak_memory_counts_what_a_step_holds():
-    config = gla.make_config("tiny", "mla", double_heads=True, n_layer=4, block_size=64)
-    f32, n = torch.float32, gla.GPT(config).num_params()
-    # Extrapolated from 1 and 2 layers, as a deep model is measured, equals measuring all 4 layers.
-    full = memory_bench._tracked_peak(tuple(dataclasses.asdict(config).items()), 4, f32, True, False)
-    assert abs(memory_bench.peak_bytes(config, 4, f32) - full) <= 0.01 * full
-    step, ev = memory_bench.peak_bytes(config, 4, f32), memory_bench.peak_bytes(config, 4, f32, train=False)
-    # float32 weights and AdamW's two moments, plus the logits (4 x 64 x 256 float32) that the loss needs
-    assert step > 12 * n + 4 * 64 * 256 * 4
-    assert 4 * n + 4 * 64 * 256 * 4 < ev < step
-    assert memory_bench.peak_bytes(config, 8, f32) > step  # activations grow with the micro-batch
-    assert memory_bench.peak_bytes(config, 4, torch.bfloat16) < step  # bf16 activations
-    # A later micro-batch of --grad_accum starts with the step's float32 gradients held: it peaks about 4n higher
-    # (under the peak of one whose gradients build up as its activations are freed, a little less than 4n).
-    held = memory_bench.peak_bytes(config, 4, f32, grads_held=True)
-    assert step + 3.5 * n < held <= step + 4 * n
-    assert memory_bench.train_peak(config, 4, 4, f32, False) == step  # one micro-batch per step
-    assert memory_bench.train_peak(config, 4, 8, f32, False) == held  # --grad_accum 2: the second micro-batch
-    assert memory_bench.train_peak(config, 4, 4, f32, True) == held  # DDP: gradients live in its buckets (views)
-
-
-def test_memory_plan_gives_peaks_and_the_largest_micro_batch(capsys, monkeypatch):
-    argv = ["--attn", "gla2", "--double_heads", "--block_size", "64", "--batch_size", "48", "--grad_accum", "3"]
-    monkeypatch.setenv("WORLD_SIZE", "4")  # the default of --world_size
-    assert memory_bench.main(argv) == 0
-    monkeypatch.delenv("WORLD_SIZE")
-    argv += ["--world_size", "4"]
-    assert memory_bench.main(argv) == 0
-    line, again = map(json.loads, capsys.readouterr().out.splitlines())
-    assert line == again
-    config = gla.make_config("tiny", "gla2", double_heads=True, block_size=64)
-    bf16 = torch.bfloat16  # planned for GPUs unless --device cpu
-    assert line["run"] == "gla2_double_heads" and line["world_size"] == 4 and line["micro_batch"] == 4
-    assert line["peak_train_bytes"] == memory_bench.train_peak(config, 4, 12, bf16, True)
-    assert line["peak_eval_bytes"] == memory_bench.peak_bytes(config, 4, bf16, train=False)
-    # A device with room for 5 sequences per micro-batch: 12 per process -> the largest divisor that fits is 4.
-    five, six = (memory_bench.train_peak(config, m, 12, bf16, True) for m in (5, 6))
-    gib = (five + six) / 2 / (1 - memory_bench.MEMORY_MARGIN) / 2**30
-    assert memory_bench.main([*argv, "--device_memory", str(gib)]) == 0
-    line = json.loads(capsys.readouterr().out)
-    assert line["max_micro_batch"] == 4 and line["grad_accum"] == 3
-    assert memory_bench.main([*argv, "--device_memory", "1e-6"]) == 0
-    assert json.loads(capsys.readouterr().out)["max_micro_batch"] == 0
-    assert memory_bench.main([*argv, "--device", "cpu"]) == 0  # train.py's --device, not --device_memory
-    assert json.loads(capsys.readouterr().out)["dtype"] == "float32"
-    for bad, match in [(["--world_size", "5"], "--batch_size 48 does not split into 5 process(es)"),
-                       (["--world_size", "x"], "invalid int value"), (["--device_memory", "0"], "must be positive"),
-                       (["--attn", "gla0"], "invalid choice")]:
-        assert memory_bench.main([*argv, *bad]) == 2
-        err = capsys.readouterr().err
-        assert match in err and err.count("\n") == 1 and err.startswith("bench/memory.py: error:"), err
-
-
-@pytest.mark.parametrize("script", ["decode_cpu.py", "gpu_build.py", "gpu_check.py", "job_time.py", "kernel_speed.py",
-                                    "memory.py", "roofline.py", "train_cost.py", "train_speed.py"])
-def test_bench_scripts_answer_help_from_anywhere(script):
-    r = subprocess.run([sys.executable, str(REPO / "bench" / script), "--help"], cwd="/", capture_output=True,
-                       text=True, timeout=120)
-    assert r.returncode == 0 and "usage:" in r.stdout, r.stderr
 
 
 def readme_commands(script):
@@ -1041,7 +874,8 @@ def test_kernel_at_lengths_that_are_exact_multiples_of_the_tile(name):
 
 
 @interpreter_only
-@pytest.mark.parametrize("config", kernels.CONFIGS, ids=gpu_build.CONFIG_NAMES)
+@pytest.mark.parametrize("config", kernels.CONFIGS,
+                         ids=[f"N{c.kwargs['BLOCK_N']} s{c.num_stages} w{c.num_warps}" for c in kernels.CONFIGS])
 def test_kernel_matches_reference_in_every_autotune_config(config, monkeypatch):
     """On a GPU the autotuner may pick any of CONFIGS; the interpreter runs the first unless told: each config in
     turn, with ragged lengths and split counts whose slices do not end on a tile."""
@@ -1099,164 +933,11 @@ def test_kernel_takes_lq_up_to_max_lq_then_refuses():
         kernels.decode_attention(q, k_cache, v_cache, seqlens, qv)
 
 
-@pytest.mark.parametrize("name", list(common.BENCH_SHAPES))
-def test_lq_compiles_once_per_power_of_two(name):
-    # Lq itself is a runtime argument; only its power of two reaches the constexprs:
-    # Lq 1, 2, 3-4, 5-8, 9-16 compile one variant each.
-    by_lq = {Lq: tuple(sorted(gpu_build.launch(name, 2, Lq, 4096)[2].items())) for Lq in range(1, kernels.MAX_LQ + 1)}
-    groups = {}
-    for Lq, constexprs in by_lq.items():
-        groups.setdefault(constexprs, []).append(Lq)
-    assert sorted(groups.values()) == [[1], [2], [3, 4], [5, 6, 7, 8], list(range(9, 17))]
-
-
-def test_split_count_fills_the_sms_once():
-    """Flash-Decoding's heuristic: a launch of fewer programs (batch x KV heads x head blocks) than SMs splits each
-    sequence until they fill more than half of the SMs and at most all of them; a launch that fills them already
-    does not split. Head blocks keep a tile's accumulator within kernels.ACC_ELEMS (rows of 16 at the least)."""
-    for arch, target in gpu_build.TARGETS.items():
-        for name, B, Lq, S in gpu_build.ROWS + [(name, 2, kernels.MAX_LQ, 4096) for name in common.BENCH_SHAPES]:
-            (head_blocks, splits, units), _, meta = gpu_build.launch(name, B, Lq, S, arch)
-            Hq, Hkv = gpu_build.SHAPES[name][:2]
-            assert units == B * Hkv and head_blocks * meta["BLOCK_M"] >= Hq // Hkv * Lq, (name, B, Lq)
-            assert meta["BLOCK_M"] == 16 or meta["BLOCK_M"] * meta["BLOCK_DV"] <= kernels.ACC_ELEMS, (name, B, Lq)
-            programs = head_blocks * splits * units
-            if head_blocks * units >= target.num_sms:
-                assert splits == 1, (arch, name, B, Lq)
-            elif S >= 16 * target.num_sms:  # long enough to split that far
-                assert target.num_sms / 2 < programs <= target.num_sms, (arch, name, B, Lq, S, programs)
-    # 64 heads on one 512-wide latent: 4 head blocks of 16 heads at Lq 1, 8 of 8 at Lq 2; batch 1 then splits
-    # 132 // 4 = 33 and 132 // 8 = 16 ways on an H100.
-    assert gpu_build.launch("MLA 1 GPU", 1, 1, 32768)[0] == (4, 33, 1)
-    assert gpu_build.launch("MLA 1 GPU", 1, 2, 32768)[0] == (8, 16, 1)
-
-
-# The split kernel's autotune configs compiled for Ampere, Ada and Hopper (sm_80, sm_86, sm_89, sm_90) ahead of time
-# on the CPU and read with the cuobjdump and nvdisasm in Triton's wheel (bench/gpu_build.py). It follows Triton 3.9's
-# internals: another version skips, saying so.
-needs_sass_tools = pytest.mark.skipif(gpu_build.unsupported() is not None, reason=str(gpu_build.unsupported()))
-
-
-class GpuBuildSkips:
-    """A pytest plugin: the run's summary ends with one line, how many GPU build checks were skipped and why (a
-    silent skip would hide that another Triton turned the build analysis off)."""
-
-    def pytest_terminal_summary(self, terminalreporter):
-        reasons = {}
-        for report in terminalreporter.stats.get("skipped", []):
-            if "::test_gpu_build" in report.nodeid:
-                reason = report.longrepr[2].removeprefix("Skipped: ")
-                reasons[reason] = reasons.get(reason, 0) + 1
-        if reasons:
-            terminalreporter.write_line(f"GPU build checks skipped: {sum(reasons.values())} ("
-                                        + "; ".join(f"{n}: {reason}" for reason, n in reasons.items()) + ")")
-
-
-@pytest.fixture(scope="session", autouse=True)
-def report_gpu_build_skips(request):
-    """Registers GpuBuildSkips for this run: a test module cannot define pytest's hooks itself."""
-    if not request.config.pluginmanager.has_plugin("gpu_build_skips"):
-        request.config.pluginmanager.register(GpuBuildSkips(), "gpu_build_skips")
-
-
-# Per target, the rows with the widest tiles: the bench's MLA on one device (a 512-wide latent, 8 heads x 2 tokens a
-# tile) and GLA-2 on one device (two 256-wide latents, 32 rows), at B 32, Lq 2 and 128K cached tokens.
-WIDEST = [("MLA 1 GPU", 32, 2, 131072), ("GLA-2 1 GPU", 32, 2, 131072)]
-
-
-@pytest.fixture(scope="module")
-def gpu_tables():
-    """{arch: bench/gpu_build.py's table of the WIDEST rows}, every config compiled at once (one child process under
-    the interpreter; Triton caches the builds on disk too)."""
-    builds = [(arch, *row, c) for arch in gpu_build.TARGETS for row in WIDEST for c in range(len(kernels.CONFIGS))]
-    gpu_build.figures_many(builds)
-    return {arch: gpu_build.rows_of(arch, WIDEST) for arch in gpu_build.TARGETS}
-
-
-@needs_sass_tools
-@pytest.mark.parametrize("arch", sorted(gpu_build.TARGETS))
-def test_gpu_build_widest_tiles_have_configs_that_fit_every_target(arch, gpu_tables):
-    """For each target, the widest tiles compile in every config, with tensor-core MMAs; a config fits where its
-    shared memory is within the target's per block and it does not spill; at least one fits, so the autotuner on
-    such a GPU has a config that runs without spills (bench/gpu_build.py checks every row so)."""
-    limit = gpu_build.TARGETS[arch].smem_per_block
-    for row in gpu_tables[arch]:
-        for c, f in enumerate(row["configs"]):
-            assert f["mma"] > 0 and f["mma_kind"] in ("HMMA", "HGMMA"), (row["shape"], c, f)
-            assert f["fits"] == (f["smem"] <= limit and f["stack"] == 0 and f["spills"] == 0), (row["shape"], c, f)
-            assert (c in row["fit"]) == f["fits"]
-        assert row["fit"], (row["shape"], row["configs"])
-    # MLA's 576-wide tokens: 4 stages of 32 tokens (three tiles buffered) need more than sm_86's and sm_89's 99 KiB.
-    mla = gpu_tables[arch][0]["configs"]
-    assert (mla[2]["smem"] > 99 * 1024) and (mla[2]["fits"] == (arch in (80, 90))), mla[2]
-
-
-@needs_sass_tools
-def test_gpu_build_table_from_the_command_line(tmp_path, capsys, monkeypatch, gpu_tables):
-    """`bench/gpu_build.py`: its rows are the bench shapes, then the presets' decode shapes (each variant, baseline
-    and double heads, B 1 and 32, Lq 1 and 2); it prints the target's limits, then a table whose every row (and its
-    CSV) holds the figures of each config's build; a row that no config fits makes it exit 1, naming the row."""
-    n_bench = len(common.BENCH_SHAPES) * len(common.BENCH_BATCHES) * len(common.BENCH_LQ) * len(common.BENCH_SEQLENS)
-    assert gpu_build.ROWS[:n_bench] == [(name, B, Lq, S) for name in common.BENCH_SHAPES for B in common.BENCH_BATCHES
-                                        for Lq in common.BENCH_LQ for S in common.BENCH_SEQLENS]
-    assert len(gpu_build.ROWS) == n_bench + 3 * len(gla.VARIANTS) * 2 * 2 * 2
-    paper = gla.make_config("paper", "mla", True)
-    assert gpu_build.SHAPES["paper MLA double heads"] == (48, 1, 1, 64, 512, True) and paper.n_head == 48
-    assert ("paper MLA double heads", 32, 2, paper.block_size) in gpu_build.ROWS
-    monkeypatch.setattr(gpu_build, "ROWS", WIDEST)  # the fixture's builds: nothing to compile
-    csv_path = tmp_path / "builds.csv"
-    gpu_build.main(["--arch", "86", "--output", str(csv_path)])  # in process: reuses the builds of the fixture
-    lines = capsys.readouterr().out.strip().splitlines()
-    assert lines[0] == gpu_build.describe(86) and "99 KiB of shared memory per block" in lines[0]
-    assert re.split(r"\s{2,}", lines[1].strip()) == gpu_build.COLUMNS
-    rows = list(csv_rows(csv_path))
-    assert len(rows) == len(lines) - 3 == len(WIDEST)  # limits, header, rows, "wrote ..."
-    for row, shape, want in zip(rows, WIDEST, gpu_tables[86]):
-        assert (row["shape"], int(row["B"]), int(row["Lq"]), int(row["S"])) == shape
-        for column in ("head_blocks", "splits", "programs"):
-            assert int(row[column]) == want[column], column
-        for name, f in zip(gpu_build.CONFIG_NAMES, want["configs"]):
-            assert row[name] == (f"spills {f['stack']} B" if f["stack"] or f["spills"] else
-                                 f"{f['regs']} regs, {f['smem'] / 1024:.1f} KiB" + ("" if f["fits"] else " (over)"))
-        assert row["fit"] == f"{len(want['fit'])}/{len(kernels.CONFIGS)}"
-        assert row["flop_per_byte"] == f"{want['flop_per_byte']:.1f}" and row["bound"] == want["bound"]
-    over = [dict(f, smem=228 * 1024, fits=False) for f in gpu_tables[90][0]["configs"]]
-    monkeypatch.setattr(gpu_build, "figures_many", lambda builds: over)
-    monkeypatch.setattr(gpu_build, "ROWS", WIDEST[:1])
-    with pytest.raises(SystemExit) as exit_:
-        gpu_build.main([])
-    err = capsys.readouterr().err
-    assert exit_.value.code == 1, err
-    assert "sm_90 MLA 1 GPU B=32 Lq=2 S=131072: no config fits 227 KiB of shared memory per block" in err
-
-
 @pytest.mark.parametrize("num_splits", [-1, 0, 2.5])
 def test_num_splits_must_be_a_positive_int(num_splits):
     q, k_cache, v_cache, seqlens, qv = _inputs(1, 40, 1, 8, 2, 1, 16, 32, True, torch.float32, [40])
     with pytest.raises(AssertionError, match="num_splits"):
         kernels.decode_attention(q, k_cache, v_cache, seqlens, qv, num_splits=num_splits)
-
-
-def test_requirements_ask_for_the_triton_the_gpu_build_analysis_follows():
-    from packaging.requirements import Requirement  # pytest's own dependency
-
-    line = next(x for x in (REPO / "requirements.txt").read_text().splitlines() if x.startswith("triton"))
-    spec = Requirement(line).specifier
-    major, minor = map(int, gpu_build.TRITON_VERSION.split("."))
-    assert spec.contains(f"{major}.{minor}.0") and spec.contains(f"{major}.{minor}.9"), line
-    assert not any(spec.contains(v) for v in (f"{major}.{minor - 1}.0", f"{major}.{minor + 1}.0", f"{major + 1}.0.0"))
-
-
-def test_run_ends_saying_how_many_gpu_build_checks_skipped_and_why(monkeypatch):
-    # Another Triton, as a fresh install could resolve one: the run's last lines say so.
-    code = ("import sys, pytest\nfrom bench import gpu_build\ngpu_build.TRITON_VERSION = '0.0'\n"
-            "sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', 'test_gla.py', '-k', "
-            "'fit_every_target and 90 or test_lr_schedule']))")
-    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
-    monkeypatch.setattr(gpu_build, "TRITON_VERSION", "0.0")
-    tail = r.stdout.strip().splitlines()[-2:]
-    assert r.returncode == 0 and re.fullmatch(r"1 passed, 1 skipped, \d+ deselected.*", tail[1]), r.stdout
-    assert tail[0] == f"GPU build checks skipped: 1 (1: {gpu_build.unsupported()})", r.stdout
 
 
 @pytest.mark.parametrize("Hk, use_qv", [(1, True), (2, False)])
@@ -1327,46 +1008,6 @@ def test_bad_inputs_raise(case, match):
     fn(**_bad("ok"))  # the same inputs unbroken are accepted
 
 
-@interpreter_only
-def test_gpu_check_passes_the_kernel_and_fails_a_wrong_one(monkeypatch):
-    # `bench/gpu_check.py` compares in bf16 on the GPU; here its comparison runs in float16
-    # through the interpreter, on a short cache.
-    assert gpu_check.check_one("GQA-8 TP-8", 2, 2, S=40, dtype=torch.float16, device="cpu") == []
-    right = kernels.decode_attention
-
-    def one_tile_short(q, k_cache, v_cache, cache_seqlens, qv=None, **kw):  # drops the first 16 tokens
-        return right(q, k_cache[:, 16:], v_cache[:, 16:], cache_seqlens - 16, qv)
-    monkeypatch.setattr(kernels, "decode_attention", one_tile_short)
-    failures = gpu_check.check_one("GQA-8 TP-8", 2, 2, S=40, dtype=torch.float16, device="cpu")
-    assert len(failures) == 3 and all(f.startswith("MISMATCH GQA-8 TP-8 B=2 Lq=2 S=40") for f in failures)
-
-
-@pytest.mark.skipif(HAS_CUDA, reason="checks the behaviour without a GPU")
-@pytest.mark.parametrize("command", [["bench/gpu_check.py"], ["bench/kernel_speed.py"]])
-def test_gpu_commands_without_cuda_exit_2(command):
-    r = subprocess.run([sys.executable, os.path.join(HERE, *command[0].split("/")), *command[1:]],
-                       capture_output=True, text=True, cwd=HERE, timeout=120)
-    lines = (r.stdout + r.stderr).strip().splitlines()
-    assert r.returncode == 2 and len(lines) == 1 and "CUDA" in lines[0], lines
-
-
-@pytest.mark.skipif(not HAS_CUDA or gpu_build.unsupported() is not None,
-                    reason="needs a CUDA GPU and the GPU build tools")
-def test_gpu_build_figures_match_this_cuda_gpus_own_build():
-    """The premise of the CPU build tests: on a GPU of a target's compute capability, the runtime's build has the
-    registers, spills and shared memory of the ahead-of-time one, for the widest rows in every config that fits
-    (run by bench/gpu_check.py)."""
-    major, minor = torch.cuda.get_device_capability()
-    arch = 10 * major + minor
-    if arch not in gpu_build.TARGETS:
-        pytest.skip(f"sm_{arch} is not one of bench/gpu_build.py's targets {sorted(gpu_build.TARGETS)}")
-    for row in gpu_build.rows_of(arch, WIDEST):
-        for c in row["fit"]:
-            f = row["configs"][c]
-            want = dict(regs=f["regs"], spills=0, dynamic_smem=f["dynamic_smem"])
-            assert gpu_build.runtime_build(row["shape"], row["B"], row["Lq"], row["S"], arch, c) == want, (row, c)
-
-
 def test_cpu_without_interpreter_raises():
     code = ("import torch, kernels\n"
             "q = torch.randn(1, 1, 2, 16); k = torch.randn(1, 4, 1, 16); s = torch.tensor([4], dtype=torch.int32)\n"
@@ -1386,87 +1027,6 @@ def test_import_without_triton(monkeypatch):
     torch.testing.assert_close(mod.decode_attention_ref(**a), kernels.decode_attention_ref(**a))
     with pytest.raises(AssertionError, match="needs Triton"):
         mod.decode_attention(**a)
-
-
-# bench/decode_speed.py: the arithmetic of a decode step against the cache shapes and hand counts
-@pytest.mark.parametrize("tp", [1, 2])
-@pytest.mark.parametrize("double_heads", [False, True])
-@pytest.mark.parametrize("variant", VARIANTS)
-def test_decode_speed_counts_the_bytes_and_flops_of_a_step(variant, double_heads, tp):
-    from bench import decode_speed
-    config = decode_speed.layer_config(variant, double_heads, tp)
-    # Elements cached per token: GQA 6 KV heads of K and V, 128 each; MLA the latent 512 and the rope key 64, whole on
-    # each rank; GLA-2 two latent heads of 256 and the rope key, one latent head a rank under TP-2 (Zadouri et al.).
-    elems = {1: {"gqa": 1536, "mla": 576, "gla2": 576}, 2: {"gqa": 768, "mla": 576, "gla2": 320}}[tp][variant]
-    assert elems == sum(heads * dim for heads, dim in config.kv_cache_shapes)
-    Hq = 24 * (2 if double_heads else 1) // tp
-    dims = {"gqa": 128 + 128, "mla": 64 + 512 + 512, "gla2": 64 + 256 + 256}[variant]  # scores' Dk (+ Dv), P.V's Dv
-    B, Lq, S = 3, 2, 1000
-    assert decode_speed.cache_cost(config, B, Lq, S, 4) == (B * S * elems * 4, 2 * B * Lq * Hq * S * dims)
-    # Weights: attention, MLP (3 matrices), the 256-token head (tied: the embedding once); RMSNorm gains 3 x 3072 (the
-    # block's two and the final one) plus the latent designs' q and kv norms.
-    n, f = 3072, config.ffn_hidden
-    if variant == "gqa":
-        attention = n * 128 * Hq * 2 + n * 128 * (6 // tp) * 2  # wq, wo; wk, wv
-    else:
-        r, g = config.kv_lora_rank // config.n_latent_heads, config.n_latent_heads
-        attention = (n * config.q_lora_rank + config.q_lora_rank * Hq * (128 + 64)  # wq_a, wq_b
-                     + n * (g * r + 64) + Hq * (128 + 128) * r + Hq * 128 * n)  # wkv_a, wkv_b, wo
-    matrices = attention + 3 * n * f + 256 * n
-    gains = 3 * n + (0 if variant == "gqa" else config.q_lora_rank + config.kv_lora_rank)
-    assert decode_speed.weights_cost(config, B, Lq, 4) == (4 * (matrices + gains), 2 * B * Lq * matrices)
-    step, base = decode_speed.step_cost(config, B, Lq, S, 4), decode_speed.step_cost(config, B, Lq, 1, 4)
-    assert step[0] - base[0] == B * (S - 1) * elems * 4  # the cache's part: S - 1 more tokens read
-    assert step[1] - base[1] == 2 * B * Lq * Hq * (S - 1) * dims
-
-
-@pytest.mark.parametrize("variant", gla.VARIANTS)
-def test_decode_speed_times_the_products_of_every_design(variant):
-    """products_seconds builds each design's score and P @ V products from its cache shapes: a shape that does not
-    multiply fails here."""
-    from bench import decode_speed
-    config = decode_speed.layer_config(variant, True, 2)
-    assert decode_speed.products_seconds(config, 2, 16, 1, torch.float32, time.perf_counter) > 0
-
-
-def test_decode_speed_floor_is_the_higher_roof():
-    from bench import decode_speed
-    assert decode_speed.floor_seconds(300, 100, bandwidth=10, peak=50) == (30, "memory")
-    assert decode_speed.floor_seconds(300, 2000, bandwidth=10, peak=50) == (40, "compute")
-
-
-def test_decode_speed_command_prints_rows_and_draws(tmp_path, capsys):
-    from bench import decode_speed
-    png, threads = tmp_path / "speed.png", torch.get_num_threads()
-    try:
-        decode_speed.main(["--variants", "gla2", "--heads", "double", "--batch", "2", "--lq", "1", "2", "--min_tokens",
-                           "8", "--max_tokens", "16", "--repeats", "1", "--threads", "1", "--tp", "2", "--clock", "cpu",
-                           "--output", str(png)])
-    finally:
-        torch.set_num_threads(threads)  # --threads 1 set this process's: later tests see torch's own
-    out = capsys.readouterr().out
-    assert "TP-2: rank 0's shard" in out and f"torch {torch.__version__}" in out and "CPU time" in out
-    number = r"-?\d+\.\d"
-    for S in (8, 16):  # GLA-2 double heads under TP-2: 24 heads and 320 cached elements a rank
-        mb = 2 * (S - 1) * 320 * 4 / 1e6
-        assert re.search(rf"^\| GLA-2 x2 heads \| 24 \| 2 \| 2 \| {S} \| {number} \| {number} (memory|compute) \| "
-                         rf"-?\d+% \| {number} \| {mb:.0f} \| ", out, re.M), out
-    for S in (8, 16):  # the products alone, at Lq 1 only
-        assert re.search(rf"^\| GLA-2 x2 heads \| 2 \| {S} \| {number} \| {number} \| {number} \| \d+% \|$", out, re.M)
-    assert png.read_bytes()[:8] == PNG_MAGIC
-    rows, title = decode_speed.read_rows(png.with_suffix(".csv"))  # what --from_csv redraws from
-    assert [(r["S"], r["Lq"], r["double_heads"]) for r in rows] == [(8, 1, True), (16, 1, True), (8, 2, True),
-                                                                    (16, 2, True)]
-    assert all(r["cache_bytes"] == 2 * (r["S"] - 1) * 320 * 4 for r in rows) and "TP-2" in title
-    redrawn = tmp_path / "again.png"
-    assert decode_speed.main(["--from_csv", str(png.with_suffix(".csv")), "--output", str(redrawn)]) == 0
-    assert redrawn.read_bytes()[:8] == PNG_MAGIC
-    with pytest.raises(SystemExit):
-        decode_speed.main(["--min_tokens", "64", "--max_tokens", "32"])
-    assert "--max_tokens 32 must be >= --min_tokens 64" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        decode_speed.main(["--clock", "cpu", "--threads", "2"])
-    assert "--clock cpu times one thread" in capsys.readouterr().err
 
 
 # ----------------------------------------------------------------------------
@@ -1820,97 +1380,6 @@ def test_t975_is_the_two_sided_95_percent_quantile(df):
         assert plot.t975(df) == plot.T975[-1] and 0.975 < _t_cdf(plot.t975(df), df) < 0.98
 
 
-def test_replot_redraws_a_figure_from_its_own_csv(tmp_path, capsys):
-    """bench/replot.py rebuilds the curves from each seed's dL in a CSV that plot.py wrote (written again, they are
-    the same CSV) and draws the figure from them."""
-    out = tmp_path / "out"
-    _write_seeds(out, seeds=(1, 2, 3), shifts=(0.0, 0.003, -0.001))
-    rc, png, csv = _run_main(tmp_path, out)
-    assert rc == 0
-    assert plot.csv_text(*replot.read_csv_curves(csv)) == csv.read_bytes()
-    again = tmp_path / "again.png"
-    assert replot.main([str(csv), "--output", str(again)]) == 0
-    assert again.read_bytes()[:8] == PNG_MAGIC and not again.with_suffix(".csv").exists()
-    assert f"{LABELS[0]:<6} 3 seed(s)" in capsys.readouterr().out
-    (tmp_path / "bad.csv").write_text("variant,tokens\nGQA,1\n")
-    assert replot.main([str(tmp_path / "bad.csv"), "--output", str(again)]) == 2
-    assert "not a CSV as plot.py writes it" in capsys.readouterr().err
-    assert replot.main([str(csv), "--out_dir", str(out), "--output", str(again)]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("replot.py: error: unrecognized arguments: --out_dir")
-
-
-def test_replot_writes_the_png_beside_its_csv_and_leaves_the_csv_as_it_was(tmp_path, capsys):
-    """X.csv redrawn (--output defaults to X.png) leaves X.csv byte for byte, even where plot.py would write it
-    otherwise (here with CRLF line ends): the CSV is the one copy of every seed's dL."""
-    out = tmp_path / "out"
-    _write_seeds(out)
-    rc, png, csv = _run_main(tmp_path, out)
-    assert rc == 0
-    png.unlink()
-    csv.write_bytes(csv.read_bytes().replace(b"\n", b"\r\n"))
-    before = csv.read_bytes()
-    capsys.readouterr()
-    assert replot.main([str(csv)]) == 0
-    assert csv.read_bytes() == before and png.read_bytes()[:8] == PNG_MAGIC
-    assert sorted(p.name for p in png.parent.iterdir()) == ["ablation.csv", "ablation.png"]
-    assert capsys.readouterr().out.startswith(f"wrote {png}\n")
-
-
-def test_the_title_names_the_setting_from_the_runs_and_from_the_csv(tmp_path, monkeypatch):
-    """The figure's title names preset, width, heads, steps, learning rate, warm-up, init and seeds, read from the
-    runs' config.json; the CSV carries the setting, so a redrawn figure has the same title."""
-    import matplotlib.figure
-
-    titles = []
-    suptitle = matplotlib.figure.Figure.suptitle
-
-    def recorded(fig, text, **kw):
-        titles.append(text)
-        return suptitle(fig, text, **kw)
-
-    monkeypatch.setattr(matplotlib.figure.Figure, "suptitle", recorded)
-    out = tmp_path / "out"
-    changes = {"train.max_iters": 3000, "train.learning_rate": 8e-3, "train.warmup_iters": 800,
-               "train.init": "independent", "model.n_embd": 128}
-    _write_seeds(out, seeds=(1340, 1341, 1342), shifts=(0.0, 0.001, 0.002), config=changes)
-    rc, png, csv = _run_main(tmp_path, out)
-    assert rc == 0
-    assert titles[0].splitlines()[1] == ("preset tiny, width 128, 8 and 16 query heads, 3,000 steps, lr 0.008 "
-                                         "(warm-up 800), independent init; seeds 1340, 1341, 1342")
-    assert replot.main([str(csv), "--output", str(tmp_path / "again.png")]) == 0
-    assert titles[1] == titles[0]
-    assert {r["setting"] for r in csv_rows(csv)} == {titles[0].splitlines()[1].split(";")[0]}
-
-
-def test_replot_of_edited_values_is_one_line(tmp_path, capsys):
-    """A CSV edited by hand (an unknown variant, nan / inf / 1e308, n_seeds not a number, tokens too large or not
-    increasing, a made-up unit, two settings) is one line and exit 2, and nothing is written."""
-    import csv
-
-    out = tmp_path / "out"
-    _write_seeds(out, seeds=(1, 2), shifts=(0.0, 0.003))
-    rc, _, csv_path = _run_main(tmp_path, out)
-    assert rc == 0
-    rows = list(csv_rows(csv_path))
-    cases = [("variant", "FOO", "unknown variant 'FOO'"), ("dL_seed1", "nan", "not a finite number"),
-             ("dL_seed2", "1e308", "not a finite number"), ("n_seeds", "x", "invalid literal"),
-             ("tokens", "99999999999999999999999", "tokens"), ("tokens", "2000000", "tokens do not increase"),
-             ("unit", "furlongs", "its unit must be"), ("setting", "another", "one setting")]
-    for column, value, words in cases:
-        edited = [dict(r) for r in rows]
-        edited[0][column] = value
-        bad = tmp_path / "bad.csv"
-        with open(bad, "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-            writer.writeheader()
-            writer.writerows(edited)
-        assert replot.main([str(bad), "--output", str(tmp_path / "x.png")]) == 2, words
-        err = capsys.readouterr().err
-        assert words in err and err.count("\n") == 1 and err.startswith("replot.py: error:"), (words, err)
-    assert not (tmp_path / "x.png").exists()
-
-
 def test_token_vocabularies_plot_in_nats_per_token_and_bytes_in_nats_per_byte(tmp_path):
     out = tmp_path / "out"
     _write_seeds(out, config={"model.vocab_size": 50304})
@@ -1920,58 +1389,6 @@ def test_token_vocabularies_plot_in_nats_per_token_and_bytes_in_nats_per_byte(tm
     assert (low, high) == pytest.approx((0.002 / plot.BYTES_PER_GPT2_TOKEN, 0.01 / plot.BYTES_PER_GPT2_TOKEN))
     _write_seeds(tmp_path / "bytes")
     assert plot.curves_from_runs(tmp_path / "bytes")[1] == "nats/byte"
-
-
-def test_dl_vs_lr_reads_the_notebooks_tables_and_agrees_with_the_p1_figure(tmp_path, capsys):
-    """bench/dl_vs_lr.py: four seeds at each rate, seed 1337 at lr 8e-3 from the Xeon (the machine of the other
-    three), whose final dL per seed are those of the Xeon's P1 figure (assets/double_heads_P1_xeon.csv) to the 4
-    digits the notebook prints; and dL falls from lr 2e-3 to 8e-3 in all 12 seed x variant pairs."""
-    from bench import dl_vs_lr
-
-    rows = dl_vs_lr.read_sweeps()
-    points = {rate: dl_vs_lr.p1_seeds_at(rows, rate) for rate in dl_vs_lr.RATES}
-    assert all([r["seeds"] for r in seeds] == ["1337", "1338", "1339", "1340"] for seeds in points.values())
-    assert {r["machine"] for r in points[8e-3]} == {"Xeon"}
-    final = {}
-    for r in csv_rows(pathlib.Path(plot.__file__).parent / "assets" / "double_heads_P1_xeon.csv"):
-        final[r["variant"]] = r  # the last row of each variant: its final evaluation
-    for label, column in dl_vs_lr.VARIANT_COLUMNS.items():
-        for r in points[8e-3]:
-            assert r[column] == pytest.approx(float(final[label][f"dL_seed{r['seeds']}"]), abs=5e-5)
-    png = tmp_path / "dl_vs_lr.png"
-    assert dl_vs_lr.main(["--output", str(png)]) == 0 and png.read_bytes()[:8] == PNG_MAGIC
-    assert "dL falls from lr 2e-3 to 8e-3 in 12 of 12 seed x variant pairs" in capsys.readouterr().out
-    # Each rate names its seeds' machines (a line joins two rates only where they are one machine), and the one
-    # outlier seed does not set the y range, which holds every mean and every other seed.
-    assert [dl_vs_lr.machines(points[rate]) for rate in dl_vs_lr.RATES] == ["EPYC", "1 EPYC + 3 Xeon", "Xeon", "Xeon"]
-    lo, hi = dl_vs_lr.y_range(points, plot.paper_range("nats/byte")[0])
-    values = sorted(r[c] for seeds in points.values() for r in seeds for c in dl_vs_lr.VARIANT_COLUMNS.values())
-    assert values[0] == -0.0564 and values[1] > lo > values[0] and lo < -0.0257 and hi > values[-1]
-
-
-def test_roofline_figure(tmp_path, capsys):
-    """`bench/roofline.py`: FLOP per byte of a decode step at paper scale (24 query heads, 32K cached tokens) from
-    its call_flops and call_bytes. Per cached bf16 token a group's R rows (heads x new tokens) do 2 R (Dk + 2 Dv) FLOP
-    with qv, 4 R Dk without, against 2 (Hk Dk + Dv) bytes per group read; q, qv and the output add up to 2.2% (MLA at
-    Lq 16). So GQA (groups of 4) stays under every ridge at any Lq, and MLA on one device crosses the H200's wgmma
-    ridge between Lq 4 and 8."""
-    png = tmp_path / "figs" / "roofline.png"
-    assert roofline.main(["--output", str(png)]) == 0 and png.read_bytes()[:8] == PNG_MAGIC
-    out = capsys.readouterr().out
-    rows = {(r["variant"], r["tp"], r["Lq"]): r["flop_per_byte"] for r in roofline.roofline_rows()}
-    per_lq = {("gqa", 1): 4, ("gqa", 2): 4, ("mla", 1): 24 * (64 + 1024) / 576, ("mla", 2): 12 * (64 + 1024) / 576,
-              ("gla2", 1): 24 * (64 + 512) / 576, ("gla2", 2): 12 * (64 + 512) / 320}
-    assert len(rows) == len(per_lq) * len(roofline.ROOFLINE_LQ)
-    for (variant, tp, Lq), value in rows.items():
-        assert value == pytest.approx(per_lq[variant, tp] * Lq, rel=2.5e-2), (variant, tp, Lq)
-    ridges = roofline.ridges()
-    assert max(rows[v, tp, 16] for v, tp in [("gqa", 1), ("gqa", 2)]) < min(ridges.values())
-    h200 = ridges["H200 ridge, HGMMA (wgmma) peak"]
-    assert rows["mla", 1, 4] < h200 < rows["mla", 1, 8]
-    assert f"GQA    tp 1 (24 heads): {rows['gqa', 1, 1]:6.1f}" in out and f"{h200:.0f}" in out
-    with pytest.raises(SystemExit, match="must end in .png"):
-        roofline.main(["--output", str(tmp_path / "r.svg")])
-    assert not (tmp_path / "r.svg").exists()
 
 
 # ----------------------------------------------------------------------------
@@ -2963,21 +2380,6 @@ def test_from_pretrained_refuses_in_one_line(tmp_path, edit, says):
         gla.GPT.from_pretrained(tmp_path)
     assert says in str(caught.value) and "\n" not in str(caught.value)
     assert isinstance(caught.value, ValueError)
-
-
-def test_pretrained_bench_writes_loads_and_tabulates_a_tiny_checkpoint(tmp_path, capsys):
-    """bench/pretrained.py at a tiny size: a sharded checkpoint in the release's layout is written, loaded in a fresh
-    process per dtype, and tabulated; the temporary folder is gone afterwards."""
-    from bench import pretrained
-    assert pretrained.main(["--preset", "tiny", "--variant", "mla", "--n_layer", "1", "--new_tokens", "2",
-                            "--prompt_len", "3", "--bandwidth_gb", "0.001", "--shard_gb", "0.001",
-                            "--dir", str(tmp_path)]) == 0
-    out = capsys.readouterr().out
-    assert f"threads, torch {torch.__version__}" in out
-    assert re.search(r"wrote \S+ GB of float32 in \d+ s: \d+ file\(s\), pytorch_model-00001-of-000\d\d\.bin", out)
-    for dtype in "float32", "bfloat16":
-        assert re.search(rf"^\| {dtype} \| [\d.e-]+ \| [\d.]+ \| [\d.]+ \([\d.]+x\) \|", out, re.M), out
-    assert re.search(r"load average before: [\d.]+ ", out) and not list(tmp_path.iterdir())
 
 
 class GPT2Stand_in:

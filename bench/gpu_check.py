@@ -64,8 +64,9 @@ def check():
     if failures:
         sys.exit(f"\nKERNEL CHECK FAILED ({len(failures)}):\n" + "\n".join(failures))
     print(f"kernel check passed: {len(CHECK_CONFIGS)} launches within {CHECK_TOL} of the reference", flush=True)
-    tests = str(pathlib.Path(__file__).resolve().parents[1] / "test_gla.py")
-    if subprocess.run([sys.executable, "-m", "pytest", "-q", "-k", "cuda", tests]).returncode:
+    root = pathlib.Path(__file__).resolve().parents[1]
+    tests = [str(root / "test_gla.py"), str(root / "bench" / "test_bench.py")]
+    if subprocess.run([sys.executable, "-m", "pytest", "-q", "-k", "cuda", *tests]).returncode:
         sys.exit("\nCUDA TESTS FAILED (see above)")
 
 

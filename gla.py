@@ -1,22 +1,15 @@
 """GQA, MLA and GLA-g attention side by side, in one GPT.
 
-A decode step reads the whole KV cache and does little math with it, so the bytes cached per token set its speed:
 - GQA (Ainslie et al. 2023, arXiv 2305.13245): n_kv_head key/value heads, each shared by n_head // n_kv_head query
-  heads (MHA: n_kv_head = n_head; MQA: 1). Cache per token per layer: 2 * n_kv_head * head_dim.
-- MLA (DeepSeek-V2, arXiv 2405.04434, Sec. 2.1): keys and values rebuilt per head from ONE compressed latent
-  (kv_lora_rank), plus ONE roped key shared by all heads (qk_rope_head_dim): RoPE's rotation depends on the position,
-  so a roped key could not be folded into the query (Sec. 2.1.3). Cache: kv_lora_rank + qk_rope_head_dim.
-- GLA-g (Zadouri, Strauss, Dao 2025, "Hardware-Efficient Attention for Fast Decoding", arXiv 2505.21487, Sec. 3.3):
-  the latent split into g latent heads, each serving n_head // g query heads, the roped key still shared. MLA's
-  cache, but each head group reads kv_lora_rank / g latent dims, and g devices can each hold one latent head.
+  heads. Cache per token per layer: 2 * n_kv_head * head_dim.
+- MLA (DeepSeek-V2, arXiv 2405.04434, Sec. 2.1): keys and values rebuilt per head from ONE latent (kv_lora_rank),
+  plus ONE roped key shared by all heads (Sec. 2.1.3). Cache: kv_lora_rank + qk_rope_head_dim.
+- GLA-g (Zadouri, Strauss, Dao 2025, arXiv 2505.21487, Sec. 3.3): the latent split into g latent heads, each serving
+  n_head // g query heads. MLA's cache, but a head group reads kv_lora_rank / g latent dims, and g devices can each
+  hold one latent head. MLA is GLA-1: one class. VARIANTS are the double-heads ablation's (Liu et al. 2026).
 
-GPTConfig.attn is "gqa", "mla" or "gla" with n_latent_heads = g (MLA is GLA-1: the same class). VARIANTS, the designs
-of the double-heads ablation (Liu et al. 2026, arXiv 2603.02188, code release MLRA: each trained with n_head and
-2 n_head query heads at equal parameters and cache), are gqa, mla and gla2 ("gla", g = 2); make_config takes any glaG.
-
-Training runs the "naive" form (rebuild every head's K and V, then SDPA). Decoding fills a preallocated cache: a
-prompt (compute-bound) attends in the training form, a decode step (bound by the bytes it reads) in the "absorbed"
-form through kernels.py (derived in LatentAttention.forward); shard_for_tp splits the model for tensor parallelism.
+Training runs the "naive" form (rebuild every head's K and V, then SDPA); a decode step the "absorbed" form through
+kernels.py (LatentAttention.forward derives it); shard_for_tp splits the model for tensor parallelism.
 
 Einsum letters: b batch, t position (queries; the cached keys in a prompt), g KV / latent head (group), h query head
 within its group (query head g * n_head / n_groups + h), d per-head feature, r latent dims of one latent head."""
@@ -46,15 +39,9 @@ PRESETS = {  # model shapes: (n_layer, n_embd, head_dim, vocab_size, block_size)
 }
 
 
-class ConfigError(ValueError):
-    """A model configuration, or a tensor-parallel split, that cannot be built; one line, which train.py prints as
-    its flag error."""
-
-
 @dataclass
 class GPTConfig:
-    """Everything that defines a model; saved beside every run and in every checkpoint. A variant ignores the
-    others' fields. Raises ConfigError for query heads, or a latent, that cannot split into the variant's groups."""
+    """Everything that defines a model; saved with every run. A variant ignores the others' fields."""
     attn: str = "gqa"  # "gqa", "mla" or "gla"
     vocab_size: int = 256
     block_size: int = 128  # training sequence length; default cache capacity
@@ -75,17 +62,16 @@ class GPTConfig:
     init_std: float = 0.02
 
     def __post_init__(self):
-        assert self.attn in ATTN_TYPES, self.attn
-        if self.attn == "gqa":
-            if self.n_kv_head < 1 or self.n_head % self.n_kv_head:
-                raise ConfigError(f"GQA cannot split n_head={self.n_head} query heads into n_kv_head={self.n_kv_head} "
-                                  "groups")
-            return
-        g = self.n_latent_heads
-        if g < 1 or self.n_head % g:
-            raise ConfigError(f"GLA-{g} cannot split n_head={self.n_head} query heads into {g} groups")
-        if self.kv_lora_rank % g:
-            raise ConfigError(f"GLA-{g} cannot split kv_lora_rank={self.kv_lora_rank} into {g} latent heads")
+        assert self.attn in ATTN_TYPES, f"attn {self.attn!r} is none of {ATTN_TYPES}"
+        assert self.n_head >= 1, "no query head: head_dim is wider than n_embd"
+        assert self.ffn_hidden >= 1, f"{self.n_head} query heads leave the MLP no width: fewer heads or a wider n_embd"
+        assert self.rope_dim % 2 == 0, f"RoPE rotates pairs, but the roped dims are {self.rope_dim}: an even head_dim"
+        assert self.n_groups >= 1 and self.n_head % self.n_groups == 0, \
+            f"{self.n_head} query heads do not split into {self.n_groups} groups"
+        if self.attn != "gqa":
+            assert self.q_lora_rank >= 1, "no query latent: n_embd is too narrow"
+            assert self.kv_lora_rank % self.n_latent_heads == 0, \
+                f"a latent of {self.kv_lora_rank} does not split into {self.n_latent_heads} latent heads"
 
     @property
     def rope_dim(self):
@@ -122,13 +108,9 @@ def attention_params(config):
 
 def swiglu_width(config):
     """The SwiGLU width giving attention + MLP the parameters of a reference MHA layer (4 n_embd^2 attention weights,
-    SwiGLU width 8/3 n_embd), Liu et al. 2026's rule (their MLRA release sets its six widths so): we count every weight
-    of this attention, RMSNorm gains included, and give the rest to the MLP.
-
-    The release rounds the width to a multiple of 8. A step of 8 is 24 n_embd weights, so rounding moves a layer by up
-    to 12 n_embd of its 12 n_embd^2, 1 / n_embd: 0.03% at the paper's 3072, but 0.4-0.8% at CPU widths, where the two
-    arms of the ablation would then differ by more than doubling the heads is worth. So we round to 8 from n_embd 1024
-    (the paper's widths exactly) and to the nearest integer below it (the arms then within 0.1%)."""
+    SwiGLU width 8/3 n_embd), Liu et al. 2026's rule: we count every weight of this attention, RMSNorm gains included,
+    and give the rest to the MLP. The release rounds to a multiple of 8 (the paper's widths exactly), which moves a
+    layer by up to 1 / n_embd of its weights: below n_embd 1024 we round to 1, so the two arms stay within 0.1%."""
     width = (12 * config.n_embd**2 - attention_params(config)) / (3 * config.n_embd)
     multiple = 8 if config.n_embd >= 1024 else 1
     return multiple * int(math.floor(width / multiple + 0.5))
@@ -136,17 +118,13 @@ def swiglu_width(config):
 
 def make_config(preset="tiny", variant="gqa", double_heads=False, n_head=None, n_kv_head=None, n_layer=None,
                 n_embd=None, head_dim=None, kv_lora_rank=None, **overrides):
-    """The GPTConfig of a preset and variant ("gqa", "mla" or "glaG", e.g. "gla2"), with the ratios of Liu et al.
-    2026's paper-scale configs at any width: n_embd // head_dim baseline query heads (or n_head), GQA groups of 4 (or
-    n_kv_head), q_lora_rank n_embd / 2 (MLA) or n_embd / 3 (GLA), kv_lora_rank 4 head_dim (the latent, all latent
-    heads together), qk_rope head_dim / 2, qk_nope = v = head_dim. double_heads doubles the query heads and nothing
-    of the cache; the width rule then shrinks the MLP. n_layer, n_embd, head_dim replace the preset's; n_kv_head
-    sizes GQA only and kv_lora_rank MLA / GLA only (the other designs ignore it, so one set of keywords serves all six
-    models); overrides set any other GPTConfig field. Raises ConfigError for an unknown variant, a head_dim that
-    RoPE cannot rotate or that leaves no query head, and a width rule that leaves the MLP nothing."""
+    """The GPTConfig of a preset and variant ("gqa", "mla" or "glaG", e.g. "gla2") with the ratios of Liu et al.
+    2026's paper-scale configs at any width: n_embd // head_dim query heads, GQA groups of 4, q_lora_rank n_embd / 2
+    (MLA) or n_embd / 3 (GLA), kv_lora_rank 4 head_dim (all latent heads together), qk_rope head_dim / 2, qk_nope =
+    v = head_dim. double_heads doubles the query heads and nothing of the cache; the width rule shrinks the MLP. The
+    keywords replace the preset's values (n_kv_head: GQA only; kv_lora_rank: MLA / GLA only)."""
     m = re.fullmatch(r"(gqa|mla|gla)(\d*)", variant)
-    if m is None or (m[1] != "gla" and m[2]):
-        raise ConfigError(f"unknown attention variant {variant!r}; choose gqa, mla or glaG (e.g. gla2)")
+    assert m and (m[1] == "gla" or not m[2]), f"unknown attention variant {variant!r}: gqa, mla or glaG (e.g. gla2)"
     shape = PRESETS[preset]
     if n_layer is None:
         n_layer = shape[0]
@@ -155,46 +133,30 @@ def make_config(preset="tiny", variant="gqa", double_heads=False, n_head=None, n
     if head_dim is None:
         head_dim = shape[2]
     if n_head is None:
-        if head_dim > n_embd:
-            raise ConfigError(f"head_dim={head_dim} exceeds n_embd={n_embd}: n_head = n_embd // head_dim would be 0")
         n_head = n_embd // head_dim
     fields = dict(n_layer=n_layer, n_embd=n_embd, vocab_size=shape[3], block_size=shape[4], attn=m[1])
     if m[1] == "gqa":
-        if head_dim % 2:
-            raise ConfigError(f"head_dim={head_dim} must be even (RoPE rotates pairs)")
         if n_kv_head is None:
             n_kv_head = max(n_head // 4, 1)
         fields.update(head_dim=head_dim, n_kv_head=n_kv_head)
     else:
-        if head_dim % 4:
-            raise ConfigError(f"head_dim={head_dim} must be a multiple of 4 for MLA / GLA (RoPE rotates pairs of "
-                              "their shared key, head_dim / 2 wide)")
-        q_lora_rank = n_embd // 2 if m[1] == "mla" else _round8(n_embd / 3)
-        if q_lora_rank == 0:
-            raise ConfigError(f"n_embd={n_embd} is too narrow: q_lora_rank would be 0")
         if kv_lora_rank is None:
             kv_lora_rank = 4 * head_dim
-        fields.update(q_lora_rank=q_lora_rank, kv_lora_rank=kv_lora_rank, qk_nope_head_dim=head_dim,
-                      qk_rope_head_dim=head_dim // 2, v_head_dim=head_dim)
-        if m[1] == "gla":
-            fields["n_latent_heads"] = int(m[2]) if m[2] else 2
-        else:
-            fields["n_latent_heads"] = 1
+        fields.update(q_lora_rank=n_embd // 2 if m[1] == "mla" else _round8(n_embd / 3), kv_lora_rank=kv_lora_rank,
+                      qk_nope_head_dim=head_dim, qk_rope_head_dim=head_dim // 2, v_head_dim=head_dim,
+                      n_latent_heads=int(m[2] or 2) if m[1] == "gla" else 1)
     fields["n_head"] = 2 * n_head if double_heads else n_head
     fields.update(overrides)
     if "ffn_hidden" not in fields:  # the width rule counts the attention only
         fields["ffn_hidden"] = swiglu_width(GPTConfig(**fields))
-        if fields["ffn_hidden"] <= 0:
-            raise ConfigError(f"{fields['n_head']} query heads leave the MLP no width (ffn_hidden "
-                              f"{fields['ffn_hidden']}): choose fewer query heads or a larger n_embd")
     return GPTConfig(**fields)
 
 
 # ---- Shared pieces: RoPE, causal attention, SwiGLU -------------------------------------------------------------------
 def rope_cos_sin(positions, dim, theta):
     """RoPE angles (Su et al. 2021, RoFormer, Sec. 3.4) of positions (B or 1, T) int64: cos and the signed sin,
-    (B or 1, T, 1, dim) float32 each: cos of angle i at i and i + dim/2, -sin at i, +sin at i + dim/2. Pair i is
-    (i, i + dim/2), the GPT-NeoX / Llama layout, not RoFormer's adjacent pairs; per call: no table to outgrow."""
+    (B or 1, T, 1, dim) float32: cos of angle i at i and i + dim/2, -sin at i, +sin at i + dim/2. Pair i is
+    (i, i + dim/2), the GPT-NeoX / Llama layout."""
     inv_freq = torch.pow(theta, -torch.arange(0, dim, 2, device=positions.device, dtype=torch.float32) / dim)
     angles = positions.float()[..., None] * inv_freq  # (B, T, dim/2)
     cos, sin = angles.cos(), angles.sin()
@@ -210,9 +172,8 @@ def apply_rope(x, cos, sin):
 
 def causal_attention(q, k, v, softmax_scale=None, attn_mask=None):
     """Causal softmax attention through SDPA: q (B, T, H, Dqk), k (B, S, Hkv, Dqk), v (B, S, Hkv, Dv) -> (B, T, H, Dv);
-    query head h reads KV head h // (H // Hkv). attn_mask: None (plain causal) or additive (B, 1, T, S) (0 / -inf,
-    kernels.decode_mask). SDPA's fused kernels need Dv == Dqk, else it materialises every head's scores (MLA: 192-dim
-    keys, 128-dim values), so we zero-pad the narrower side: the scores do not change; extra output columns are cut."""
+    query head h reads KV head h // (H // Hkv). attn_mask: None (causal) or additive (B, 1, T, S). SDPA's fused
+    kernels need Dv == Dqk (MLA: 192-dim keys, 128-dim values), so we zero-pad the narrower side and cut the output."""
     dqk, dv = q.size(-1), v.size(-1)
     scale = softmax_scale if softmax_scale is not None else dqk**-0.5
     if dv < dqk:
@@ -237,11 +198,10 @@ class SwiGLU(nn.Module):
 
 
 # ---- The attention designs take x (B, T, n_embd) and the RoPE angles; to decode, also the new tokens' positions -----
-# (B, T) and max_seqlen, a host-side bound on the cache's length with them (None: training, no cache). They write the
-# T new tokens into self.cache; a prompt then attends through SDPA, a decode step through the decode kernel.
+# (B, T) and max_seqlen, a host-side bound on the cache's length with them (None: training, no cache).
 def uses_decode_kernel(positions, max_seqlen):
-    """Up to MAX_LQ new tokens after cached ones attend through the decode kernel (MLA / GLA: in the absorbed form);
-    a prompt, or a longer chunk, through SDPA."""
+    """Up to MAX_LQ new tokens after cached ones attend through the decode kernel (MLA / GLA: absorbed); a prompt, or
+    a longer chunk, through SDPA."""
     return positions.shape[1] <= MAX_LQ and max_seqlen > positions.shape[1]
 
 
@@ -368,10 +328,9 @@ class Block(nn.Module):
 
 # ---- The decode cache ------------------------------------------------------------------------------------------------
 class KVCache(nn.Module):
-    """One layer's decode cache, preallocated and written in place: no step reallocates it, and torch.compile sees
-    the same shapes every step. k_cache (B, Hk, S, Dk): GQA's roped keys, or MLA / GLA's one shared roped key; v_cache
-    (B, Hkv, S, Dv): GQA's values, or the latent heads. Zeroed and head-major as in gpt-fast (each head's cache one
-    contiguous (S, D) matrix, read in long runs); the kernels take (B, S, H, D) views (FA3's layout, latent as v)."""
+    """One layer's decode cache, preallocated and written in place as in gpt-fast: the same shapes every step.
+    k_cache (B, Hk, S, Dk): GQA's roped keys, or MLA / GLA's one shared roped key; v_cache (B, Hkv, S, Dv): GQA's
+    values, or the latent heads. Head-major, each head's cache read in one run; the kernels take (B, S, H, D) views."""
     def __init__(self, batch_size, max_seq_len, k_shape, v_shape, device=None, dtype=None):
         super().__init__()
         for name, (heads, dim) in ("k_cache", k_shape), ("v_cache", v_shape):
@@ -386,15 +345,14 @@ class KVCache(nn.Module):
 
     def prefix(self, positions, max_seqlen, dtype):
         """What new tokens at positions (B, Lq) attend over through SDPA: the first max_seqlen cached tokens in dtype,
-        k (B, S, Hk, Dk) and v (B, S, Hkv, Dv), and the mask (B, 1, Lq, S) that lets each new token see the cache up
-        to its own position (kernels.decode_mask; None for a prompt from the start: plain causal)."""
+        k (B, S, Hk, Dk) and v (B, S, Hkv, Dv), and the mask (B, 1, Lq, S) up to each one's position (None: causal)."""
         k, v = (c[:, :, :max_seqlen].transpose(1, 2).to(dtype) for c in (self.k_cache, self.v_cache))
         mask = None if max_seqlen == positions.shape[1] else decode_mask(positions, max_seqlen)
         return k, v, mask
 
     def attend(self, q, positions, max_seqlen, qv=None, softmax_scale=None):
         """Decode attention of new tokens at positions (B, Lq): q (B, Lq, Hq, Dk) (and qv) over the cache, the new
-        tokens included -> (B, Lq, Hq, Dv) in q's dtype. The Triton kernel on CUDA, else the PyTorch reference."""
+        ones included -> (B, Lq, Hq, Dv). The Triton kernel on CUDA, else its PyTorch reference."""
         dtype = self.k_cache.dtype  # in the cache's dtype (autocast may have made q bf16)
         seqlens = (positions[:, -1] + 1).to(torch.int32)  # cached tokens, the new ones written: cache_seqlens
         args = (q.to(dtype), self.k_cache.transpose(1, 2), self.v_cache.transpose(1, 2), seqlens,
@@ -409,7 +367,7 @@ ZERO_INIT = ("attn.wo.weight", "mlp.w3.weight")  # output projections start at z
 
 class GPT(nn.Module):
     """Decoder-only transformer as in Liu et al. 2026's ablation: tied embeddings, no biases, pre-norm RMSNorm, SwiGLU,
-    RoPE. Init: every weight N(0, init_std), the attention and MLP output projections zero, RMSNorm gains one."""
+    RoPE. Init: every weight N(0, init_std), the output projections zero, RMSNorm gains one."""
     def __init__(self, config):
         super().__init__()
         self.config = config
@@ -428,8 +386,7 @@ class GPT(nn.Module):
         """Redraw every N(0, init_std) weight for common random numbers with the model of GPTConfig `twin` (the other
         arm of a double-heads pair): weight `name` is drawn from a stream keyed by (seed, name) at the larger of its
         two shapes, and keeps the leading slice. So each weight stays N(0, init_std), and what the arms share (the
-        embedding, the KV or latent projections, the leading rows of the query and MLP projections) starts equal:
-        noise common to both cancels in their difference. Zero output projections and RMSNorm gains stay as they are."""
+        embedding, the KV or latent projections, the leading rows of the others) starts equal."""
         with torch.device("meta"):
             other = dict(GPT(twin).named_parameters())
         for name, p in self.named_parameters():
@@ -464,8 +421,7 @@ class GPT(nn.Module):
 
     def setup_cache(self, batch_size, max_seq_len=None, dtype=None):
         """Allocate every layer's KVCache: batch_size sequences of up to max_seq_len tokens (default block_size), in
-        dtype (default the model's: decode attention reads it in that dtype, accumulating in float32, and the rest
-        computes in the model's)."""
+        dtype (default the model's)."""
         p = self.tok_emb.weight
         if dtype is None:
             dtype = p.dtype
@@ -477,10 +433,8 @@ class GPT(nn.Module):
     @torch.no_grad()
     def decode(self, idx, cache_seqlens, *, max_seqlen=None):
         """Run Lq new tokens idx (B, Lq) int64 after cache_seqlens (B,) int32 cached tokens each (ragged batches
-        welcome), write them into the cache and return their logits (B, Lq, vocab_size). Up to MAX_LQ tokens (a step,
-        speculative drafts) attend through the decode kernel, a prompt or more tokens through SDPA. max_seqlen: a
-        host-side bound on max(cache_seqlens) + Lq, at most the cache's max_seq_len; with it nothing waits for the GPU,
-        so a step compiles whole (fullgraph=True)."""
+        welcome), write them into the cache and return their logits (B, Lq, vocab_size). max_seqlen: a host-side
+        bound on max(cache_seqlens) + Lq; given, nothing waits for the GPU, so a step compiles whole."""
         cache = self.blocks[0].attn.cache
         assert cache is not None, "call setup_cache first"
         Lq = idx.shape[1]
@@ -493,9 +447,8 @@ class GPT(nn.Module):
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, compile=False):
         """Sample max_new_tokens after the prompts idx (B, T) int64 -> (B, T + max_new_tokens) int64: a prefill, then a
-        cached decode step per token (temperature, top_k as in `sample`), each handed its length so none waits for the
-        GPU; compile=True compiles the steps (fullgraph), handed the cache's capacity as bound (static shapes: a compile
-        per batch size and length). As forward, we stop at block_size: positions past it were never trained."""
+        cached decode step per token (temperature, top_k as in `sample`); compile=True compiles the step (static
+        shapes: the cache's capacity as bound). As forward, we stop at block_size: later positions were never trained."""
         B, T = idx.shape
         S = T + max_new_tokens
         assert S <= self.config.block_size, f"{S} tokens, but block_size is {self.config.block_size}"
@@ -503,8 +456,8 @@ class GPT(nn.Module):
         out = torch.cat([idx, idx.new_empty(B, max_new_tokens)], dim=1)  # (B, S): the prompt, then the samples
         cached = torch.zeros(B, dtype=torch.int32, device=idx.device)  # tokens in the cache
         step = torch.compile(self.decode, fullgraph=True, dynamic=False) if compile else self.decode
-        # Eager steps run in inference mode, without autograd's bookkeeping on every op (a small model's CPU step is
-        # mostly that); torch.compile cannot yet trace in-place cache writes there (torch 2.13): no_grad only.
+        # Eager steps run in inference mode, without autograd's bookkeeping on every op; torch.compile cannot yet
+        # trace in-place cache writes there (torch 2.13): no_grad only.
         with torch.inference_mode(not compile):
             logits = self.decode(idx, cached, max_seqlen=T)[:, -1]  # prefill
             for t in range(T, S):
@@ -516,73 +469,60 @@ class GPT(nn.Module):
 
     @classmethod
     def from_pretrained(cls, path, dtype=None):
-        """The GPT of a folder of Liu et al. 2026's release (read_release), GQA, MLA or GLA-2 at any query heads, its
-        logits the release model's to float32 rounding, its weights in dtype (None: float32, as saved). Built on the
-        meta device, it takes the loaded tensors themselves (assign=True): as saved, its parameters are the files'
-        memory-mapped pages; converted, one copy in dtype. Raises ConfigError, one line, for a design this repository
-        lacks (MLRA, GLA-4, GTA, MFA, TPA, gated, biases) or a weight missing or misshapen; KeyError for a field
-        config.json lacks."""
-        saved, weights = read_release(path, dtype)
-        layer0 = sorted(n.removeprefix("transformer.h.0.").removesuffix(".weight") for n in weights
-                        if n.startswith("transformer.h.0.attn."))
+        """The GPT of a folder of Liu et al. 2026's release (GQA, MLA or GLA-2; see RELEASE_MODEL), in dtype (None:
+        float32, as saved: its parameters are then the files' memory-mapped pages)."""
+        path = pathlib.Path(path)
+        saved = json.loads((path / "config.json").read_text())
+        files = sorted(path.glob("pytorch_model*.bin"))  # one file, or shards -00001-of-0000n, ...: in order
+        assert files, f"{path} holds no pytorch_model*.bin"
+        weights = {}
+        for file in files:
+            weights.update(torch.load(file, map_location="cpu", mmap=True, weights_only=True))
+        lm_head = weights.pop("lm_head.weight", None)  # tied: one matrix, saved under one name or both
+        weights.setdefault("transformer.wte.weight", lm_head)
+        prefix = "transformer.h.0."
+        layer0 = sorted(n[len(prefix):-len(".weight")] for n in weights if n.startswith(prefix + "attn."))
         designs = [attn for attn, names in RELEASE_ATTENTION.items() if sorted(names) == layer0]
-        if not designs:
-            raise ConfigError(f"{path}: layer 0's attention holds {layer0}: not the release's GQA, MLA or GLA-2")
-        fields = dict(attn=designs[0], vocab_size=saved["vocab_size"], block_size=saved["block_size"],
+        assert designs, f"{path}: layer 0's attention holds {layer0}: not the release's GQA, MLA or GLA-2"
+        attn = designs[0]
+        fields = dict(attn=attn, vocab_size=saved["vocab_size"], block_size=saved["block_size"],
                       n_layer=saved["n_layer"], n_embd=saved["n_embd"], n_head=saved["n_head"],
                       ffn_hidden=saved["intermediate_size"])  # the MLP width as trained, not the width rule's
-        if designs[0] == "gqa":  # group_size: query heads per KV head
+        if attn == "gqa":  # group_size: query heads per KV head
             fields.update(head_dim=saved["head_dim"], n_kv_head=saved["n_head"] // saved.get("group_size", 1))
         else:  # v as wide as nope, and GLA's 2 latent heads: fixed in the release's code, not in config.json
             fields.update(q_lora_rank=saved["q_lora_rank"], kv_lora_rank=saved["kv_lora_rank"],
                           qk_nope_head_dim=saved["qk_nope_head_dim"], qk_rope_head_dim=saved["qk_rope_head_dim"],
-                          v_head_dim=saved["qk_nope_head_dim"], n_latent_heads=2 if designs[0] == "gla" else 1)
+                          v_head_dim=saved["qk_nope_head_dim"], n_latent_heads=2 if attn == "gla" else 1)
         with torch.device("meta"):  # no memory: the loaded tensors become the parameters
             model = cls(GPTConfig(**fields))
 
-        # Their names to ours, each shape checked. wkv_b, a Parameter of ours (no ".weight"), comes one latent head
-        # at a time: "blocks.{i}.attn.wkv_b.{j}.weight" until we stack them.
         names = {f"{theirs}.weight": f"{ours}.weight" for theirs, ours in RELEASE_MODEL.items()}
         for i in range(model.config.n_layer):
-            for theirs, ours in {**RELEASE_BLOCK, **RELEASE_ATTENTION[designs[0]]}.items():
+            for theirs, ours in {**RELEASE_BLOCK, **RELEASE_ATTENTION[attn]}.items():
                 names[f"transformer.h.{i}.{theirs}.weight"] = f"blocks.{i}.{ours}.weight"
-        shapes = {}
-        for name, p in model.state_dict().items():
-            if name.endswith("wkv_b"):
-                shapes.update({f"{name}.{j}.weight": p[j].flatten(0, 1).shape for j in range(len(p))})
-            else:
-                shapes[name] = p.shape
         state = {}
         for theirs, tensor in weights.items():
-            if theirs not in names:
-                raise ConfigError(f"{path}: {theirs} is no weight of the release's {designs[0]} (a bias? another "
-                                  "design?)")
-            if tensor.shape != shapes[names[theirs]]:
-                raise ConfigError(f"{path}: {theirs} is {tuple(tensor.shape)}; config.json makes it "
-                                  f"{tuple(shapes[names[theirs]])}")
-            state[names[theirs]] = tensor
-        missing = [theirs for theirs, ours in names.items() if ours not in state]
-        if missing:
-            raise ConfigError(f"{path}: {missing[0]} is not among the weights ({len(missing)} missing)")
-        for i in range(model.config.n_layer if designs[0] != "gqa" else 0):
+            assert theirs in names, f"{path}: {theirs} is no weight of the release's {attn} (a bias? another design?)"
+            state[names[theirs]] = tensor if dtype is None else tensor.to(dtype)
+        for i in range(model.config.n_layer if attn != "gqa" else 0):  # latent head j's kv_b_proj: our wkv_b[j]
             heads = [state.pop(f"blocks.{i}.attn.wkv_b.{j}.weight") for j in range(model.config.n_latent_heads)]
             state[f"blocks.{i}.attn.wkv_b"] = torch.stack(heads).unflatten(1, (model.config.n_head // len(heads), -1))
         state["lm_head.weight"] = state["tok_emb.weight"]
-        model.load_state_dict(state, assign=True)
+        model.load_state_dict(state, assign=True)  # names and shapes checked there
         model.lm_head.weight = model.tok_emb.weight  # assign gave each name a Parameter of its own: tie them again
         return model
 
 
 def sample(logits, temperature=1.0, top_k=None):
     """Next token ids (B,) int64 from logits (B, vocab_size): argmax at temperature 0, else a draw from
-    softmax(logits / temperature) over the top_k likeliest (None or 0: all of them, as HF).
+    softmax(logits / temperature) over the top_k likeliest (None or 0: all).
 
-    We divide logits - max, not the logits, by the temperature, and in float64 (which holds any positive Python
-    float): the likeliest token's scaled logit is then 0 and every other one <= 0, so a tiny temperature (1e-40)
-    leaves only the likeliest tokens (greedy-like, ties drawn evenly), where logits / temperature would overflow to
-    inf and softmax give NaN. The draw is gpt-fast's multinomial_sample_one_no_sync: argmax_i p_i / E_i with E_i ~
-    Exponential(1) drawn per token. E_i / p_i is an exponential wait of rate p_i and the shortest of such waits is
-    token i's with probability p_i, so this draws as torch.multinomial does, without waiting for the GPU."""
+    We divide logits - max by the temperature, in float64: the likeliest token's scaled logit is then 0, so a tiny
+    temperature (1e-40) leaves the likeliest tokens where logits / temperature would overflow and softmax give NaN.
+    The draw is gpt-fast's: argmax_i p_i / E_i with E_i ~ Exponential(1). E_i / p_i is an exponential wait of rate
+    p_i, and the shortest of such waits is token i's with probability p_i: torch.multinomial's draw, without waiting
+    for the GPU."""
     assert temperature >= 0, temperature
     if temperature == 0:
         return logits.argmax(dim=-1)
@@ -596,12 +536,9 @@ def sample(logits, temperature=1.0, top_k=None):
 
 
 # ---- The checkpoints of Liu et al. 2026's release (github.com/SongtaoLiu0823/MLRA; on the Hub: Soughing/MLRA) ---
-# Its models save with transformers' save_pretrained: config.json, and float32 weights in pytorch_model.bin or, past
-# 5 GB, pytorch_model-0000k-of-0000n.bin shards, the tied embedding under two names. Its math is ours (pre-norm
-# RMSNorm, eps 1e-6; RoPE pairs (i, i + dim/2), theta 10000; the latents * sqrt(n_embd / rank) after their norms),
-# but for float32 rounding: RoPE's inverse frequencies, theirs 1 / theta^(2i/d), ours theta^(-2i/d), differ in the
-# last bit. Their module names (each weight is "<name>.weight") and ours:
-RELEASE_MODEL = {"transformer.wte": "tok_emb", "lm_head": "tok_emb", "layernorm": "norm"}
+# transformers' save_pretrained writes config.json and float32 pytorch_model*.bin. Its math is ours, to float32
+# rounding (its RoPE frequencies, 1 / theta^(2i/d), are our theta^(-2i/d) but for the last bit). Its names and ours:
+RELEASE_MODEL = {"transformer.wte": "tok_emb", "layernorm": "norm"}
 RELEASE_BLOCK = {  # under transformer.h.{i}. and blocks.{i}.
     "input_layernorm": "attn_norm",
     "post_attention_layernorm": "mlp_norm",
@@ -621,37 +558,12 @@ RELEASE_ATTENTION = {
 }
 
 
-def read_release(path, dtype=None):
-    """(config.json as a dict, {the release's weight name: tensor}) of a release folder: its pytorch_model*.bin files
-    memory-mapped (read only where used), or model*.safetensors where that package is installed; each tensor in dtype
-    (None: as saved), the tied matrix, saved once under two names, converted once."""
-    path = pathlib.Path(path)
-    saved = json.loads((path / "config.json").read_text())
-    files = sorted(path.glob("pytorch_model*.bin")) or sorted(path.glob("model*.safetensors"))
-    if not files:
-        raise ConfigError(f"{path} holds no pytorch_model*.bin or model*.safetensors")
-    weights = {}
-    for file in files:  # shard names sort in order: pytorch_model-00001-of-00003.bin, ...
-        if file.suffix == ".bin":
-            shard = torch.load(file, map_location="cpu", mmap=True, weights_only=True)
-        else:
-            from safetensors.torch import load_file  # the release saves .bin; safetensors only where installed
-            shard = load_file(file)
-        if "lm_head.weight" in shard and "transformer.wte.weight" in {*shard, *weights}:
-            del shard["lm_head.weight"]  # the tie: one matrix, converted once
-        for name, tensor in shard.items():
-            weights[name] = tensor if dtype is None else tensor.to(dtype)
-    return saved, weights
-
-
-# ----------------------------------------------------------------------------
-# Tensor-parallel decode, Megatron-style (Shoeybi et al. 2019, arXiv 1909.08053, Sec. 3). Each of tp ranks holds a
-# slice of every layer and computes a partial sum of the attention and MLP outputs; an all-reduce after each adds them
-# up. Query heads and MLP columns are split (wq, wq_b, wkv_b, w1, w2 by outputs, wo and w3 by inputs); the KV or
-# latent heads go with the query heads that read them (wk, wv; wkv_a and kv_norm), and embeddings, the block norms,
-# lm_head, wq_a and the shared rope key are replicated. That is GLA's argument (Zadouri et al. 2025, Sec. 3.3): at
-# tp 2 each rank of GLA-2 caches its latent head and the rope key, 320 of the 576 elements per token and layer, while
-# MLA's single latent must sit whole on every rank (576 each).
+# ---- Tensor-parallel decode, Megatron-style (Shoeybi et al. 2019, arXiv 1909.08053, Sec. 3) ------------------------
+# Each of tp ranks holds a slice of every layer and computes a partial sum of the attention and MLP outputs; an
+# all-reduce after each adds them up. Query heads and MLP columns are split (wq, wq_b, wkv_b, w1, w2 by outputs, wo and
+# w3 by inputs); the KV or latent heads go with the query heads that read them (wk, wv; wkv_a and kv_norm), and the
+# rest is replicated. That is GLA's argument (Zadouri et al. 2025, Sec. 3.3): at tp 2 each rank of GLA-2 caches one
+# latent head and the rope key, 320 of the 576 elements per token and layer; MLA's one latent sits whole on both.
 class TPShare(NamedTuple):
     """What a rank holds: its config, and its ranges of the full model's query heads, groups and MLP columns."""
     config: GPTConfig
@@ -661,14 +573,11 @@ class TPShare(NamedTuple):
 
 
 def tp_share(config, rank, tp):
-    """The TPShare of rank of tp: n_head / tp query heads, about ffn_hidden / tp MLP columns (a width tp does not divide
-    leaves some ranks one column more: a sum of partial sums needs no equal parts); KV / latent heads split when tp
-    divides them, shared when a multiple. Raises ConfigError for a tp that cannot split the heads so."""
+    """The TPShare of rank of tp: n_head / tp query heads, about ffn_hidden / tp MLP columns (partial sums need no
+    equal parts); the KV / latent heads split when tp divides them, shared when tp is a multiple."""
     g = config.n_groups
-    if config.n_head % tp or (g % tp and tp % g):
-        raise ConfigError(f"tp={tp} must divide n_head={config.n_head}, and divide "
-                          f"{'n_kv_head' if config.attn == 'gqa' else 'n_latent_heads'}={g} or be a multiple of it")
-    assert 0 <= rank < tp, (rank, tp)
+    assert config.n_head % tp == 0 and (g % tp == 0 or tp % g == 0), \
+        f"{tp} processes must divide the {config.n_head} query heads, and divide the {g} groups or be a multiple"
     H = config.n_head // tp  # query heads per rank
     local = max(g // tp, 1)  # KV / latent heads per rank
     if config.attn == "gqa":
@@ -693,9 +602,9 @@ def _all_reduce_output(module, args, output):
 
 
 def shard_for_tp(model, rank, tp):
-    """Turn a full GPT (weights loaded) into rank's tp-way shard, in place, split as the comment above says, and return
-    it. model.config becomes the shard's, so setup_cache allocates this rank's cache only, and an all-reduce hooks onto
-    every attention and MLP output (initialise torch.distributed first). Raises ConfigError as tp_share."""
+    """Turn a full GPT (weights loaded) into rank's tp-way shard, in place, and return it. model.config becomes the
+    shard's, so setup_cache allocates this rank's cache only; an all-reduce hooks onto every attention and MLP output
+    (initialise torch.distributed first)."""
     full = model.config
     share = tp_share(full, rank, tp)
     for block in model.blocks:

@@ -1,16 +1,15 @@
 """Decode attention over a KV cache: a PyTorch reference and a Triton split-KV kernel.
 
-One function serves the three cache designs of Zadouri, Strauss, Dao 2025 (arXiv 2505.21487, Sec. 3 and the decode
-kernel), with the interface of FA3's `flash_attn_with_kvcache(q, k_cache, v_cache, qv=..., cache_seqlens=...)` (Shah
-et al. 2024, arXiv 2407.08608):
+One function serves the three cache designs of Zadouri, Strauss, Dao 2025 (arXiv 2505.21487, Sec. 3), with the
+interface of FA3's `flash_attn_with_kvcache(q, k_cache, v_cache, qv=..., cache_seqlens=...)` (Shah et al. 2024):
 
     GQA   : q . k over Hkv key/value heads; qv = None, Dk = Dv.
     MLA   : the absorbed decode of DeepSeek-V2 (arXiv 2405.04434, Sec. 2.1): the latent c (Dv = 512) is the value
             AND the non-rope key, scores = q . k_rope + qv . c, one "KV head" (Hkv = Hk = 1) for every query head.
     GLA-2 : two latent heads of 256 (Hkv = 2), each shared by half of the query heads, and one rope key (Hk = 1).
 
-The kernel splits each cached sequence into slices, as Flash-Decoding does (Dao et al. 2023, "Flash-Decoding for
-long-context inference"), so that a small batch has enough programs for every SM; a second kernel combines the slices.
+The kernel splits each cached sequence into slices, as Flash-Decoding does (Dao et al. 2023), so that a small batch
+has enough programs for every SM; a second kernel combines the slices.
 """
 import math
 from contextlib import nullcontext
@@ -29,52 +28,26 @@ COMBINE_BLOCK_D = 64
 LOG2E = 1.4426950408889634
 
 
-def _check_inputs(q, k_cache, v_cache, cache_seqlens, qv, max_seqlen=None):
-    """Assert the decode inputs' shapes, dtypes and devices agree; return a bound on cache_seqlens: max_seqlen, a
-    caller's promise (a decode loop knows its length), or if None the lengths read (on CUDA, a wait for the GPU)."""
-    B, Lq, Hq, Dk = q.shape
-    _, S, Hk, _ = k_cache.shape
-    Hkv, Dv = v_cache.shape[2:]
-    assert k_cache.shape == (B, S, Hk, Dk) and v_cache.shape[:2] == (B, S), "q, k_cache, v_cache: (B, L, H, D)"
-    assert Hq % Hkv == 0 and Hk in (1, Hkv), "Hq a multiple of Hkv; Hk 1 (one shared key head) or Hkv"
-    assert qv is None or (qv.shape == (B, Lq, Hq, Dv) and qv.dtype == q.dtype), "qv: (B, Lq, Hq, Dv) in q's dtype"
-    assert q.dtype.is_floating_point and k_cache.dtype == v_cache.dtype == q.dtype, "one floating dtype"
-    assert cache_seqlens.dtype == torch.int32 and cache_seqlens.shape == (B,), "cache_seqlens: (B,) int32"
-    assert all(t.device == q.device for t in (k_cache, v_cache, cache_seqlens, qv) if t is not None), "one device"
-    if max_seqlen is None:
-        lo, max_seqlen = (int(x) for x in torch.aminmax(cache_seqlens))
-        assert lo >= Lq, "cache_seqlens counts the Lq new tokens too"
-    assert Lq <= max_seqlen <= S, "cache_seqlens (and max_seqlen) in [Lq, S]"
-    return max_seqlen
-
-
 def _default_scale(Dk, Dv, qv):
     # As FA3: with qv the score sums two dot products, of Dk + Dv dimensions in all.
     return 1.0 / math.sqrt(Dk + Dv if qv is not None else Dk)
 
 
 def decode_mask(positions, S):
-    """The additive mask of decode attention for new tokens at positions (B, Lq) int64: (B, 1, Lq, S) float32, 0
-    where token l of sequence b sees cache position s (s <= positions[b, l]: it sees itself), -inf elsewhere."""
+    """The additive mask (B, 1, Lq, S) float32 of new tokens at positions (B, Lq) int64: 0 where token l of sequence
+    b sees cache position s (s <= positions[b, l]), -inf elsewhere."""
     return torch.where(torch.arange(S, device=positions.device) <= positions[:, None, :, None], 0.0, float("-inf"))
 
 
 def decode_attention_ref(q, k_cache, v_cache, cache_seqlens, qv=None, softmax_scale=None, *, max_seqlen=None):
-    """Decode attention through F.scaled_dot_product_attention in float32: the kernel's oracle, and the model's
-    decode path on CPU.
-
-    Args and result as `decode_attention`, but cache slots past cache_seqlens must hold finite values (any: they
-    get zero weight, and a KVCache holds zeros or older tokens there): a NaN would leak through SDPA's products,
-    where the kernel never reads those slots.
+    """Decode attention through SDPA in float32: the kernel's oracle, and the model's decode path on a CPU. Arguments
+    and result as decode_attention's, but cache slots past cache_seqlens must hold finite values (zero-weighted).
 
     As in the kernel's tile, the G = Hq // Hkv query heads of a group (h = g * G + k reads value head g) and the Lq
-    new tokens are the rows of one query: SDPA runs Hkv heads of G x Lq rows over the cache where it lies ((B, H, S,
-    D) views), on a CPU faster than Hq heads of Lq rows (enable_gqa). MLA / GLA: the latent is
-    SDPA's key and value, and the rope scores q . k_rope enter through its additive mask. 16-bit inputs are upcast
-    to float32 (a copy of the valid cache); float32 ones are read in place.
-    """
-    S = _check_inputs(q, k_cache, v_cache, cache_seqlens, qv, max_seqlen)
-    (B, Lq, Hq, Dk), dtype = q.shape, q.dtype
+    new tokens are the rows of one query: SDPA runs Hkv heads of G x Lq rows over the cache, on a CPU faster than Hq
+    heads of Lq rows. MLA / GLA: the latent is SDPA's key and value; the rope scores q . k_rope enter as its mask."""
+    S = int(cache_seqlens.max()) if max_seqlen is None else max_seqlen  # the cache's valid prefix
+    B, Lq, Hq, Dk = q.shape
     Hk, Hkv, Dv = k_cache.shape[2], v_cache.shape[2], v_cache.shape[3]
     G = Hq // Hkv
     scale = _default_scale(Dk, Dv, qv) if softmax_scale is None else softmax_scale
@@ -96,7 +69,7 @@ def decode_attention_ref(q, k_cache, v_cache, cache_seqlens, qv=None, softmax_sc
         q_rows = (q.float() * scale).transpose(1, 2).reshape(B, Hk, -1, Dk)
         mask = torch.matmul(q_rows, k.transpose(2, 3)).view(B, Hkv, G * Lq, S).add_(mask)
     out = F.scaled_dot_product_attention(query, key, v, attn_mask=mask, scale=scale)  # (B, Hkv, G * Lq, Dv)
-    return out.view(B, Hq, Lq, Dv).transpose(1, 2).to(dtype)  # (B, Lq, Hq, Dv)
+    return out.view(B, Hq, Lq, Dv).transpose(1, 2).to(q.dtype)  # (B, Lq, Hq, Dv)
 
 
 # ----------------------------------------------------------------------------
@@ -203,10 +176,9 @@ if triton is not None:
 
 
 # ----------------------------------------------------------------------------
-# The launch choice. Triton's autotuner picks the K/V tile length, pipeline stages and warps among CONFIGS: on the
-# first call of each tile shape it times every config on the GPU and skips those that do not fit its shared memory
-# (bench/gpu_build.py shows which fit each GPU). Before that we choose what the grid needs: head blocks, so that the
-# float32 accumulator (rows x Dv) stays in registers, and split counts, so that a small batch fills the SMs.
+# The launch choice. Triton's autotuner picks the K/V tile length, pipeline stages and warps among CONFIGS, timing
+# each on the first call of each tile shape. We choose the grid: head blocks, so that the float32 accumulator
+# (rows x Dv) stays in registers, and split counts, so that a small batch fills the SMs.
 
 if triton is not None:
     # K/V tiles of 32 or 64 tokens; 2 stages (no load in flight, the least shared memory) to 4.
@@ -223,9 +195,8 @@ SPLIT_ALIGN = 16  # split lengths in multiples of tl.dot's least tile
 INTERPRETER_SMS = 132  # CPU tensors under the interpreter split as for an H100 or H200 (132 SMs)
 
 
-def _split_launch(q, k_cache, v_cache, cache_seqlens, qv, scale, max_len, num_splits=None, num_sms=None):
-    """The split kernel's launch, (grid, args, meta, o_part, lse_part), its tile config left to the autotuner;
-    num_sms: the GPU's SMs (None: q's device's). decode_attention launches it; bench/gpu_build.py compiles it."""
+def _split_launch(q, k_cache, v_cache, cache_seqlens, qv, scale, max_len, num_splits=None):
+    """The split kernel's launch: (grid, args, meta, o_part, lse_part), its tile config left to the autotuner."""
     B, Lq, Hq, Dk = q.shape
     Hk, Hkv, Dv = k_cache.shape[2], v_cache.shape[2], v_cache.shape[3]
     G = Hq // Hkv
@@ -235,9 +206,8 @@ def _split_launch(q, k_cache, v_cache, cache_seqlens, qv, scale, max_len, num_sp
     n_head_blocks = triton.cdiv(G, max(1, ACC_ELEMS // (LQ_BLOCK * BLOCK_DV)))
     heads_per_block = triton.cdiv(G, n_head_blocks)  # as even as possible
     BLOCK_M = max(16, triton.next_power_of_2(heads_per_block * LQ_BLOCK))  # tl.dot takes 16 rows or more
-    if num_sms is None:
-        num_sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else INTERPRETER_SMS
     if num_splits is None:  # Flash-Decoding: split each sequence until the programs fill the SMs (one wave)
+        num_sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else INTERPRETER_SMS
         num_splits = max(1, num_sms // (B * Hkv * n_head_blocks))
     split_len = triton.cdiv(triton.cdiv(max_len, num_splits), SPLIT_ALIGN) * SPLIT_ALIGN
     n_splits = triton.cdiv(max_len, split_len)
@@ -260,27 +230,33 @@ def _split_launch(q, k_cache, v_cache, cache_seqlens, qv, scale, max_len, num_sp
 # The wrapper: FA3's interface over the two kernels.
 
 
-def decode_attention(q, k_cache, v_cache, cache_seqlens, qv=None, softmax_scale=None, *,
-                     max_seqlen=None, num_splits=None, out=None):
+def decode_attention(q, k_cache, v_cache, cache_seqlens, qv=None, softmax_scale=None, *, max_seqlen=None,
+                     num_splits=None):
     """Decode attention over a KV cache with the Triton split-KV kernel, FA3's `flash_attn_with_kvcache` semantics.
 
     q (B, Lq, Hq, Dk): the rope query (GQA: the whole query) of Lq <= MAX_LQ new tokens per sequence; k_cache
     (B, S, Hk, Dk), Hk in {1, Hkv}: keys (MLA / GLA: the rope key); v_cache (B, S, Hkv, Dv): values (the latent);
     qv (B, Lq, Hq, Dv) or None: the absorbed query, adds qv . v to the scores; cache_seqlens (B,) int32: valid cached
-    tokens, the new ones included (causal among themselves). Query head h uses value head h // (Hq // Hkv), and that
-    key head when Hk == Hkv. softmax_scale: 1/sqrt(Dk + Dv) with qv, else 1/sqrt(Dk). max_seqlen: a host-side bound
-    on cache_seqlens (given, nothing waits for the GPU); num_splits: the slices each sequence is cut into (None: the
-    launch choice's); out receives the result. Returns (B, Lq, Hq, Dv) in q's dtype, accumulated in float32.
-    """
-    assert triton is not None, "decode_attention needs Triton (Linux); use decode_attention_ref"
-    max_len = _check_inputs(q, k_cache, v_cache, cache_seqlens, qv, max_seqlen)
+    tokens, the new ones included (causal among themselves). Query head h uses value head h // (Hq // Hkv).
+    softmax_scale: 1/sqrt(Dk + Dv) with qv, else 1/sqrt(Dk). max_seqlen: a host-side bound on cache_seqlens (given,
+    nothing waits for the GPU); num_splits: slices per sequence (None: enough to fill the GPU). Returns (B, Lq, Hq,
+    Dv) in q's dtype, accumulated in float32."""
     B, Lq, Hq, Dk = q.shape
-    Dv = v_cache.shape[3]
-    assert Lq <= MAX_LQ, f"at most MAX_LQ={MAX_LQ} new tokens a call; run a prompt through SDPA"
+    S, Hk = k_cache.shape[1:3]
+    Hkv, Dv = v_cache.shape[2:]
+    # The kernel reads raw pointers: what it assumes, checked.
+    assert triton is not None, "decode_attention needs Triton (Linux); use decode_attention_ref"
     assert q.is_cuda or triton.knobs.runtime.interpret, "CPU tensors need TRITON_INTERPRET=1 (or decode_attention_ref)"
+    assert k_cache.shape == (B, S, Hk, Dk) and v_cache.shape[:2] == (B, S), "q, k_cache, v_cache: (B, L, H, D)"
+    assert Hq % Hkv == 0 and Hk in (1, Hkv), "Hq a multiple of Hkv; Hk 1 (one shared key head) or Hkv"
+    assert Lq <= MAX_LQ, f"at most MAX_LQ={MAX_LQ} new tokens a call; run a prompt through SDPA"
+    assert qv is None or qv.shape == (B, Lq, Hq, Dv), "qv: (B, Lq, Hq, Dv)"
+    assert q.is_floating_point() and all(t.dtype == q.dtype for t in (k_cache, v_cache, qv) if t is not None), \
+        "one floating dtype"
+    assert cache_seqlens.dtype == torch.int32 and cache_seqlens.shape == (B,), "cache_seqlens: (B,) int32"
     assert num_splits is None or (isinstance(num_splits, int) and num_splits >= 1), "num_splits: None or an int >= 1"
-    out = torch.empty(B, Lq, Hq, Dv, dtype=q.dtype, device=q.device) if out is None else out
-    assert out.shape == (B, Lq, Hq, Dv) and out.dtype == q.dtype and out.stride(-1) == 1, "out: like the result"
+    max_len = int(cache_seqlens.max()) if max_seqlen is None else max_seqlen
+    assert Lq <= max_len <= S, "cache_seqlens (and max_seqlen) in [Lq, S]"
     # The pointer arithmetic assumes unit stride along features (and along cache_seqlens).
     q = q.contiguous() if q.stride(-1) != 1 else q
     k_cache = k_cache.contiguous() if k_cache.stride(-1) != 1 else k_cache
@@ -290,6 +266,7 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, qv=None, softmax_scale=
     grid, args, meta, o_part, lse_part = _split_launch(q, k_cache, v_cache, cache_seqlens.contiguous(), qv, scale,
                                                        max_len, num_splits)
     n_splits = grid[1]
+    out = torch.empty(B, Lq, Hq, Dv, dtype=q.dtype, device=q.device)
     with torch.cuda.device(q.device) if q.is_cuda else nullcontext():  # launch on q's GPU, not the current one
         _decode_split_kernel[grid](*args, **meta)
         _combine_kernel[(B * Lq * Hq,)](o_part, lse_part, out, out.stride(0), out.stride(1), out.stride(2), Hq, Lq,

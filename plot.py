@@ -1,24 +1,15 @@
-"""Plot the double-heads ablation: how much doubling the query heads helps.
+"""Plot the double-heads ablation of Liu et al., "Multi-Head Low-Rank Attention", ICLR 2026 (arXiv 2603.02188).
 
-For each attention variant (GQA, MLA, GLA-2) train.py trains a baseline and a "double heads" model with twice the
-query heads and the same KV cache (the extra attention parameters are taken from the MLP width). At equal training
-tokens t,
+For each variant (GQA, MLA, GLA-2) train.py trains a baseline and a "double heads" model with twice the query heads,
+the same KV cache and the same parameters. At equal training tokens t,
 
     dL(t) = L_val(baseline, t) - L_val(double heads, t)
 
-and above zero, doubling the heads helped. The figure redraws the double-heads ablation of Liu et al., "Multi-Head
-Low-Rank Attention", ICLR 2026 (arXiv 2603.02188); GLA is from Zadouri, Strauss, Dao, "Hardware-Efficient Attention
-for Fast Decoding", 2025 (arXiv 2505.21487).
-
-Seeds: train.py writes <out_dir>/<run>/seed<seed>/ (config.json, metrics.jsonl). A baseline seed is paired with the
-double-heads run of the same seed: both read the same data in the same order, so the data's noise cancels in their
-difference. The figure draws each pair's dL, their mean and its 95% t interval. A seed is left out, in one line, when
-one of its two runs (or its config.json) is missing, the two differ in more than doubling the heads changes, its
-setting is not that of the figure's other pairs, or it is still training.
+and above zero, doubling the heads helped. Each baseline run <out_dir>/<run>/seed<seed>/ is paired with the
+double-heads run of its seed: both read the same batches, so the data's noise cancels in their difference. The
+figure draws each pair's dL, their mean and its 95% t interval; a CSV of the values is written beside it.
 
 Usage: python plot.py [--out_dir out] [--output double_heads_ablation.png]
-The CSV of the plotted values (each seed's dL and the setting) is written beside the PNG with the PNG's stem;
-bench/replot.py redraws the figure from it. Bad input: one line on stderr, exit status 2, nothing written.
 """
 import argparse
 import csv
@@ -31,8 +22,7 @@ import sys
 
 import numpy as np
 
-# The variants, in gla.py's order (we do not import gla: it needs torch).
-VARIANTS = ("gqa", "mla", "gla2")
+VARIANTS = ("gqa", "mla", "gla2")  # gla.VARIANTS (we do not import gla: it needs torch)
 # Baseline run name: (label, colour, (mean line width, marker size)), the paper's colours. The widths shrink in
 # VARIANTS' order and later variants draw on top, so curves that coincide nest and each stays visible.
 STYLE = {
@@ -45,53 +35,29 @@ DOUBLE_SUFFIX = "_double_heads"
 CSV_COLUMNS = ["variant", "tokens", "n_seeds", "unit", "setting", "val_loss_baseline", "val_loss_double_heads",
                "dL_mean", "dL_ci95_low", "dL_ci95_high"]  # then dL_seed<seed> per seed
 
-# The model fields the two arms of a pair differ in: make_config(..., double_heads=True) doubles n_head, and the width
-# rule shrinks ffn_hidden to keep the parameters equal.
+# The fields the two arms of a pair differ in: doubling n_head, the width rule shrinks ffn_hidden.
 ARMS_MAY_DIFFER = ("n_head", "ffn_hidden")
-# The model's size, which all pairs of a figure share (the attention's own fields differ by variant); n_head is the
-# baseline's.
-SIZE_KEYS = ("vocab_size", "block_size", "n_layer", "n_embd", "n_head", "rope_theta", "norm_eps", "init_std")
 
 # The paper's dL over training: every variant between about +0.002 and +0.01 nats per GPT-2 token (Liu et al. 2026,
-# the double-heads ablation figure). train.py's default data is bytes (vocabulary 256), its loss in nats per byte, so
-# the band is converted at BYTES_PER_GPT2_TOKEN: a conversion, not a measurement on the paper's data. 4.35 is what
-# GPT-2's tokenizer gives on one English text, the GPL-3 license (docs/results.md, Units); this repository's default
-# corpus, Python's documentation, gives 3.52 bytes a token (a band 24% higher).
+# the double-heads ablation figure). On bytes (train.py's default data) the band is converted at 4.35 bytes a GPT-2
+# token of English prose: a conversion, not a measurement on the paper's data.
 PAPER_DL_PER_TOKEN = (0.002, 0.01)
 BYTES_PER_GPT2_TOKEN = 4.35
-# t(0.975, df), the two-sided 95% quantile of Student's t for df 1-30 (n_seeds - 1), to 4 decimals, as in the standard
-# tables (NIST/SEMATECH e-Handbook of Statistical Methods, 1.3.6.7.2); the tests check them against the t density.
+# t(0.975, df), the two-sided 95% quantile of Student's t for df 1-30 (n_seeds - 1), as in the standard tables
+# (NIST/SEMATECH e-Handbook of Statistical Methods, 1.3.6.7.2).
 T975 = (12.7062, 4.3027, 3.1824, 2.7764, 2.5706, 2.4469, 2.3646, 2.3060, 2.2622, 2.2281,
         2.2010, 2.1788, 2.1604, 2.1448, 2.1314, 2.1199, 2.1098, 2.1009, 2.0930, 2.0860,
         2.0796, 2.0739, 2.0687, 2.0639, 2.0595, 2.0555, 2.0518, 2.0484, 2.0452, 2.0423)
 
 
-class PlotError(Exception):
-    """Bad input: main() prints it as one line and returns 2."""
-
-
-class ArgumentParser(argparse.ArgumentParser):
-    """argparse whose errors raise PlotError (one line, exit status 2) instead of printing its usage block."""
-
-    def error(self, message):
-        raise PlotError(message)
-
-
-def note(label, seed, why):
-    """Say on stderr that a seed of a variant is left out of the figure, and why."""
-    print(f"plot.py: note: {label} seed {seed}: left out: {why}", file=sys.stderr)
-
-
 def t975(df):
-    """t(0.975, df) for df >= 1. Beyond the table (more than 31 seeds) the df-30 value, at most 4% above the true
-    one (1.96 at infinite df): the interval is then slightly wider than it need be, never narrower."""
-    assert df >= 1, df
+    """t(0.975, df) for df >= 1; beyond the table, df 30's: an interval a little too wide, never too narrow."""
     return T975[min(df, len(T975)) - 1]
 
 
 def ci95(values):
     """(mean, low, high) over axis 0 of `values`: the mean and its 95% t interval, mean -+ t975(n - 1) s / sqrt(n)
-    with s the sample standard deviation; with one value low and high are NaN."""
+    (s: the sample standard deviation); NaN bounds for one value."""
     values = np.asarray(values, dtype=float)
     mean = values.mean(axis=0)
     if len(values) < 2:
@@ -113,51 +79,22 @@ class Curve:
         self.mean, self.low, self.high = ci95(self.delta)
 
 
-def read_losses(folder):
-    """{tokens: val_loss} of a run folder's metrics.jsonl, one evaluation a line. Raises PlotError for a line that is
-    not one, or a loss that is not finite."""
-    path = os.path.join(folder, "metrics.jsonl")
+def read_run(folder):
+    """(config.json as a dict, {training tokens: validation loss}) of a run folder of train.py."""
+    config = json.loads((folder / "config.json").read_text())
     losses = {}
-    with open(path, encoding="utf-8") as f:
-        for i, line in enumerate(f, 1):
-            try:
-                row = json.loads(line)
-                tokens = int(row["tokens"])
-                losses[tokens] = float(row["val_loss"])
-            except (KeyError, TypeError, ValueError) as e:  # json.JSONDecodeError is a ValueError
-                raise PlotError(f"{path} line {i}: not an evaluation ({e})") from None
-            if not math.isfinite(losses[tokens]):
-                raise PlotError(f"{path} line {i}: val_loss {losses[tokens]}: the run diverged")
-    return losses
+    for line in (folder / "metrics.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        losses[row["tokens"]] = row["val_loss"]
+    return config, losses
 
 
-def read_config(folder):
-    """A run folder's config.json ({"model", "train", "data"}: dicts, with the fields the title names), or None when
-    it is missing or not train.py's."""
-    try:
-        with open(os.path.join(folder, "config.json"), encoding="utf-8") as f:
-            config = json.load(f)
-        if not all(isinstance(config[part], dict) for part in ("model", "train", "data")):
-            return None
-        setting_text(config)  # raises if a field the title names is missing
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    return config
-
-
-def difference(a, b, arms):
-    """The first "part.key: value in a vs value in b" where two runs' config.json a and b differ, or None. The data's
-    "source" is text that may name a path, so the data is compared by the rest of "data" (a fingerprint, or token
-    counts). The two arms of a pair (arms=True) may differ in ARMS_MAY_DIFFER too; two pairs of a figure (arms=False,
-    their baselines) in the seed and in the model's fields but SIZE_KEYS."""
+def arms_differ(a, b):
+    """The first "part.key: value in a vs value in b" where the config.json of a pair's two runs differ in more than
+    doubling the heads changes (ARMS_MAY_DIFFER, and the data's source: a path), or None."""
     for part in ("data", "model", "train"):
         for key in sorted(a[part].keys() | b[part].keys()):
-            if part == "data":
-                may_differ = key == "source"
-            elif part == "model":
-                may_differ = key in ARMS_MAY_DIFFER if arms else key not in SIZE_KEYS
-            else:
-                may_differ = key == "seed" and not arms
+            may_differ = key == "source" if part == "data" else part == "model" and key in ARMS_MAY_DIFFER
             if not may_differ and a[part].get(key) != b[part].get(key):
                 return f"{part}.{key}: {a[part].get(key)} vs {b[part].get(key)}"
     return None
@@ -170,82 +107,42 @@ def setting_text(config):
             f"{t['max_iters']:,} steps, lr {t['learning_rate']:g} (warm-up {t['warmup_iters']}), {t['init']} init")
 
 
-def seed_folders(out_dir, run):
-    """{seed: folder} of each <out_dir>/<run>/seed<seed>/ that holds a metrics.jsonl."""
-    found = {}
-    for path in pathlib.Path(out_dir, run).glob("seed*/metrics.jsonl"):
-        tail = path.parent.name[4:]
-        if tail.isascii() and tail.isdigit():  # "seed²" is not a seed
-            found[int(tail)] = str(path.parent)
-    return found
-
-
-def paired_curve(label, pairs):
-    """The Curve of one variant from its pairs [(seed, baseline folder, double-heads folder)], or None. A pair's dL is
-    taken where both runs have an evaluation; a seed whose pair ends before the variant's longest is still training
-    and left out. The rest are drawn on the token counts they all share."""
-    per_seed = {}
-    for seed, base_dir, double_dir in pairs:
-        base, double = read_losses(base_dir), read_losses(double_dir)
-        per_seed[seed] = {t: (base[t], double[t]) for t in sorted(base.keys() & double.keys())}
-    reached = {seed: max(losses, default=-1) for seed, losses in per_seed.items()}
-    last = max(reached.values())
-    for seed in sorted(per_seed):
-        if reached[seed] < 0:
-            note(label, seed, "its two runs share no evaluation yet")
-        elif reached[seed] < last:
-            note(label, seed, f"still training (at {reached[seed]:,} tokens, the others at {last:,})")
-    seeds = [seed for seed in sorted(per_seed) if 0 <= reached[seed] == last]
-    if not seeds:
-        return None
-    tokens = sorted(set.intersection(*(set(per_seed[s]) for s in seeds)))
-    losses = np.array([[per_seed[s][t] for t in tokens] for s in seeds])  # (n_seeds, n, 2)
-    return Curve(seeds, tokens, losses[..., 0].mean(0), losses[..., 1].mean(0), losses[..., 0] - losses[..., 1])
-
-
 def curves_from_runs(out_dir):
-    """({label: Curve}, unit, setting) of the runs in out_dir, each baseline seed paired with its double-heads seed."""
-    if not os.path.isdir(out_dir):
-        raise PlotError(f"--out_dir {out_dir!r} is not a directory")
-    pairs = []  # (label, seed, baseline folder, double-heads folder, baseline's config)
+    """({label: Curve}, unit, setting) of the runs in out_dir, each baseline seed paired with its double-heads seed.
+    A seed is left out, in one line, when a run of its pair cannot be read or the two arms differ in more than
+    doubling the heads changes. The first pair's setting names the figure's."""
+    curves = {}
+    reference = None  # the figure's setting: its first pair's baseline config
     for name in VARIANTS:
         label = STYLE[name][0]
-        base, double = seed_folders(out_dir, name), seed_folders(out_dir, name + DOUBLE_SUFFIX)
-        for seed in sorted(base.keys() | double.keys()):
-            if seed not in base or seed not in double:
-                missing = os.path.join(out_dir, name if seed in double else name + DOUBLE_SUFFIX, f"seed{seed}")
-                note(label, seed, f"{missing} has no metrics.jsonl")
-                continue
-            config, twin = read_config(base[seed]), read_config(double[seed])
-            if config is None or twin is None:
-                bad = base[seed] if config is None else double[seed]
-                note(label, seed, f"{os.path.join(bad, 'config.json')} is missing or not train.py's")
-                continue
-            why = difference(config, twin, arms=True)
+        pairs = []  # (seed, {tokens: (baseline loss, double-heads loss)})
+        seeds = sorted(int(d.name[4:]) for d in pathlib.Path(out_dir, name).glob("seed*") if d.name[4:].isdecimal())
+        for seed in seeds:
+            base_dir = pathlib.Path(out_dir, name, f"seed{seed}")
+            double_dir = pathlib.Path(out_dir, name + DOUBLE_SUFFIX, base_dir.name)
+            try:
+                config, base = read_run(base_dir)
+                twin, double = read_run(double_dir)
+                why = arms_differ(config, twin)
+                unit = "nats/byte" if config["data"]["tokenizer"] == "bytes" else "nats/token"
+            except (OSError, ValueError, LookupError, TypeError, AttributeError) as e:  # missing, cut, not train.py's
+                why = f"{type(e).__name__}: {e}"
             if why:
-                note(label, seed, f"{base[seed]} and {double[seed]} differ in {why}")
+                print(f"plot.py: note: {label} {base_dir.name} left out: {why}", file=sys.stderr)
                 continue
-            pairs.append((label, seed, base[seed], double[seed], config))
-    if not pairs:
-        raise PlotError(f"no seed in {out_dir!r} has a baseline and a {DOUBLE_SUFFIX} run that are an ablation "
-                        "pair (each needs <run>/seed<seed>/metrics.jsonl and config.json)")
-    reference = pairs[0][-1]  # the figure's setting: its first pair's, in VARIANTS' and seeds' order
-    kept = {}
-    for label, seed, base_dir, double_dir, config in pairs:
-        why = difference(config, reference, arms=False)
-        if why:
-            note(label, seed, f"{base_dir} differs from the figure's other pairs in {why}")
-        else:
-            kept.setdefault(label, []).append((seed, base_dir, double_dir))
-    curves = {}
-    for label, variant_pairs in kept.items():
-        curve = paired_curve(label, variant_pairs)
-        if curve is not None:
-            curves[label] = curve
+            if reference is None:
+                reference = config
+                figure_unit = unit
+            pairs.append((seed, {t: (base[t], double[t]) for t in base.keys() & double.keys()}))
+        if pairs:
+            tokens = sorted(set.intersection(*(set(losses) for _, losses in pairs)))
+            losses = np.array([[losses[t] for t in tokens] for _, losses in pairs])  # (n_seeds, n, 2)
+            curves[label] = Curve([seed for seed, _ in pairs], tokens, losses[..., 0].mean(0), losses[..., 1].mean(0),
+                                  losses[..., 0] - losses[..., 1])
     if not curves:
-        raise PlotError("no pair of runs shares an evaluation")
-    unit = "nats/byte" if reference["model"].get("vocab_size") == 256 else "nats/token"  # train.py's bytes: 256
-    return curves, unit, setting_text(reference)
+        raise SystemExit(f"plot.py: no seed in {out_dir!r} has a baseline and a {DOUBLE_SUFFIX} run that pair up "
+                         "(each needs <run>/seed<seed>/config.json and metrics.jsonl)")
+    return curves, figure_unit, setting_text(reference)
 
 
 def paper_range(unit):
@@ -268,9 +165,8 @@ def variant_label(label, curve):
 
 
 def plot(curves, unit, setting, path):
-    """Draw {label: Curve} and save a PNG to `path` (a file name or a binary file). Three panels on plain linear
-    axes: the whole run, its last half, and the final dL of each variant (its seeds, their mean and its 95% t
-    interval). Thick lines with markers: the mean over seeds; dotted: each seed."""
+    """Draw {label: Curve} as a PNG into `path` (a file name or a binary file): the whole run, its last half, and the
+    final dL of each variant (its seeds, their mean and its 95% t interval), on linear axes."""
     import matplotlib  # here, not at the top: a bad --out_dir fails fast
 
     matplotlib.use("Agg")  # files only, never a display
@@ -342,49 +238,34 @@ def csv_text(curves, unit, setting):
             rows.append(row)
     text = io.StringIO()
     csv.writer(text, lineterminator="\n").writerows(rows)
-    return text.getvalue().encode()
-
-
-def check_output(output):
-    """Refuse, before anything is read, an --output that is not a .png."""
-    if os.path.splitext(output)[1].lower() != ".png":
-        raise PlotError(f"--output must end in .png, got {output!r}")
-
-
-def write_figure(curves, unit, setting, output, csv_path=None):
-    """Write the figure to the PNG `output` and its CSV to csv_path (unless None), then print each variant's final
-    dL: the mean over seeds, its 95% t interval, and each seed's."""
-    os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
-    plot(curves, unit, setting, output)
-    if csv_path:
-        with open(csv_path, "wb") as f:
-            f.write(csv_text(curves, unit, setting))
-    print(f"wrote {output}" + (f" and {csv_path}" if csv_path else ""))
-    print(f"final dL ({unit}): mean over seeds, its 95% t interval (t with n - 1 degrees of freedom), each seed")
-    for label, c in curves.items():
-        interval = f"[{c.low[-1]:+.4f}, {c.high[-1]:+.4f}]" if len(c.seeds) > 1 else "(one seed: no interval)"
-        per_seed = ", ".join(f"{s}: {d:+.4f}" for s, d in zip(c.seeds, c.delta[:, -1]))
-        above = int((c.delta[:, -1] > 0).sum())
-        print(f"{label:<6} {len(c.seeds)} seed(s) at {int(c.tokens[-1]):,} tokens: {c.mean[-1]:+.4f} {interval}; "
-              f"{above}/{len(c.seeds)} above 0; {per_seed}")
+    return text.getvalue()
 
 
 def main(argv=None):
-    """The command line: returns the exit status (0, or 2 after a one-line error on stderr)."""
-    p = ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out_dir", default="out", help="folder holding one subfolder per run (default: out)")
     p.add_argument("--output", default="double_heads_ablation.png",
                    help="PNG to write, with its CSV beside it (default: double_heads_ablation.png)")
+    args = p.parse_args(argv)
+    if not os.path.isdir(args.out_dir):
+        raise SystemExit(f"plot.py: --out_dir {args.out_dir!r} is not a folder; train.py writes its runs there")
+    curves, unit, setting = curves_from_runs(args.out_dir)
+    # Both drawn before either is written: a failure leaves neither.
+    table = csv_text(curves, unit, setting)
+    png = io.BytesIO()
+    plot(curves, unit, setting, png)
+    csv_path = os.path.splitext(args.output)[0] + ".csv"
     try:
-        args = p.parse_args(argv)
-        check_output(args.output)
-        curves, unit, setting = curves_from_runs(args.out_dir)
-        write_figure(curves, unit, setting, args.output, os.path.splitext(args.output)[0] + ".csv")
-    except (PlotError, OSError) as e:
-        print(f"plot.py: error: {e}", file=sys.stderr)
-        return 2
-    return 0
+        os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
+        pathlib.Path(csv_path).write_bytes(table.encode())
+        pathlib.Path(args.output).write_bytes(png.getvalue())
+    except OSError as e:
+        raise SystemExit(f"plot.py: {e}") from None
+    print(f"wrote {args.output} and {csv_path}; final dL ({unit}), mean [95% t interval] and each seed's:")
+    for label, c in curves.items():
+        per_seed = ", ".join(f"{s}: {d:+.4f}" for s, d in zip(c.seeds, c.delta[:, -1]))
+        print(f"{label:<6} {c.mean[-1]:+.4f} [{c.low[-1]:+.4f}, {c.high[-1]:+.4f}]; {per_seed}")
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -31,6 +31,7 @@ import sys
 import threading
 import time
 import types
+import unittest.mock
 import weakref
 
 import numpy as np
@@ -43,6 +44,26 @@ import train
 from train import TokenData, permute
 
 REPO = pathlib.Path(__file__).resolve().parent
+
+
+def run_main(module, argv):
+    """module.main(argv) as its command line runs it: the exit status, a SystemExit's message printed on stderr."""
+    try:
+        module.main(argv)
+    except SystemExit as e:
+        if isinstance(e.code, str):
+            print(e.code, file=sys.stderr)
+            return 1
+        return e.code or 0
+    return 0
+
+
+def run_train(argv):
+    return run_main(train, argv)
+
+
+def run_plot(argv):
+    return run_main(plot, argv)
 
 # torch.compile's CPU backend imports torch.utils.mkldnn, which still uses the
 # deprecated torch.jit.script_method: torch's warning, not ours to act on.
@@ -513,20 +534,20 @@ def test_a_tiny_temperature_samples_the_likeliest_token():
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    (dict(variant="gla0"), r"^GLA-0 cannot split n_head=8 query heads into 0 groups$"),
-    (dict(variant="gla", n_head=3), r"^GLA-2 cannot split n_head=3 query heads into 2 groups$"),
-    (dict(variant="gla2", kv_lora_rank=3), r"^GLA-2 cannot split kv_lora_rank=3 into 2 latent heads$"),
-    (dict(variant="gqa", n_kv_head=3), r"^GQA cannot split n_head=8 query heads into n_kv_head=3 groups$"),
-    (dict(variant="gqa", head_dim=512), r"^head_dim=512 exceeds n_embd=256: n_head = n_embd // head_dim would be 0$"),
-    (dict(variant="gqa", head_dim=7), r"^head_dim=7 must be even \(RoPE rotates pairs\)$"),
-    (dict(variant="mla", head_dim=6), r"^head_dim=6 must be a multiple of 4 for MLA / GLA"),
-    (dict(variant="gla2", n_embd=8, head_dim=4), r"^n_embd=8 is too narrow: q_lora_rank would be 0$"),
+    (dict(variant="gla0"), r"^8 query heads do not split into 0 groups$"),
+    (dict(variant="gla", n_head=3), r"^3 query heads do not split into 2 groups$"),
+    (dict(variant="gla2", kv_lora_rank=3), r"^a latent of 3 does not split into 2 latent heads$"),
+    (dict(variant="gqa", n_kv_head=3), r"^8 query heads do not split into 3 groups$"),
+    (dict(variant="gqa", head_dim=512), r"^no query head: head_dim is wider than n_embd$"),
+    (dict(variant="gqa", head_dim=7), r"^RoPE rotates pairs, but the roped dims are 7"),
+    (dict(variant="mla", head_dim=6), r"^RoPE rotates pairs, but the roped dims are 3"),
+    (dict(variant="gla2", n_embd=8, head_dim=4), r"^no query latent: n_embd is too narrow$"),
     (dict(variant="mla", double_heads=True, n_head=6, n_embd=32, head_dim=8),
-     r"^12 query heads leave the MLP no width \(ffn_hidden -\d+\)"),
+     r"^12 query heads leave the MLP no width"),
     (dict(variant="mla2"), r"^unknown attention variant 'mla2'")])
 def test_make_config_refuses_what_it_cannot_build_in_one_line(kwargs, match):
-    """make_config's errors are what train.py prints for a bad model flag: one line each, naming the value."""
-    with pytest.raises(gla.ConfigError, match=match) as caught:
+    """make_config's asserts are what train.py prints for a bad model flag: one line each, naming the value."""
+    with pytest.raises(AssertionError, match=match) as caught:
         gla.make_config("tiny", **kwargs)
     assert "\n" not in str(caught.value)
 
@@ -547,9 +568,10 @@ def test_make_config_kv_lora_rank_sizes_the_latent_of_mla_and_gla_only():
 # train.py --sample: the sampling command, on one process and tensor-parallel under torchrun
 
 
-def save_run(path, model):
-    """A checkpoint in train.py's layout: the weights and the model config (no optimizer)."""
-    torch.save({"model": model.state_dict(), "config": {"model": dataclasses.asdict(model.config)}}, path)
+def save_run(path, model, tokenizer="bytes"):
+    """A checkpoint in train.py's layout: the weights, the model config and the data's tokenizer (no optimizer)."""
+    config = {"model": dataclasses.asdict(model.config), "data": {"tokenizer": tokenizer}}
+    torch.save({"model": model.state_dict(), "config": config}, path)
 
 
 def sampled_texts(out):
@@ -559,10 +581,7 @@ def sampled_texts(out):
 
 def test_tensor_parallel_greedy_decode_matches_one_process(tmp_path, capsys):
     """One torchrun launch, 2 gloo processes, all three variants: greedy text from two shards
-    equals one process's (which equals generate on the loaded model), token for token, and each
-    rank reports its share: GQA half the KV heads, MLA the whole latent, GLA-2 one latent
-    head plus the shared rope key. Took 15-22 s on the busy 2-core machine (mostly starting torch
-    in three processes)."""
+    equals one process's (which equals generate on the loaded model), token for token."""
     prompt, n_new = "Tensor parallel", 12
     paths, models = [], []
     for variant in VARIANTS:
@@ -574,26 +593,14 @@ def test_tensor_parallel_greedy_decode_matches_one_process(tmp_path, capsys):
                           *args], cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"},
                          capture_output=True, text=True, timeout=300)
     assert two.returncode == 0, two.stderr[-2000:]
-    assert train.cli(args[1:]) == 0
+    assert run_train(args[1:]) == 0
     one = capsys.readouterr().out
     idx = torch.tensor([list(prompt.encode())])
     expected = [bytes(m.generate(idx, n_new, temperature=0)[0].tolist()).decode(errors="backslashreplace")
                 for m in models]
     assert sampled_texts(one) == sampled_texts(two.stdout) == expected
 
-    L = len(prompt) + n_new
-    reports = re.findall(r"^rank (\d)/2: .* \| KV cache: (\d+) elements per token per layer \(one process: (\d+)\), "
-                         r"([\d,]+) bytes at (\d+) tokens", two.stdout, re.M)
-    assert [r[0] for r in reports] == ["0", "1"] * 3  # rank 0 prints every rank's line, in order
-    for model, (r0, r1) in zip(models, zip(reports[::2], reports[1::2])):
-        c = model.config
-        per_rank = {"gqa": 2 * (c.n_kv_head // 2) * c.head_dim,  # half the KV heads
-                    "mla": c.kv_lora_rank + c.qk_rope_head_dim,  # the latent, duplicated
-                    "gla": c.kv_lora_rank // 2 + c.qk_rope_head_dim}[c.attn]  # one latent head + the rope key
-        for _, elems, full, nbytes, length in (r0, r1):
-            assert (int(elems), int(full), int(length)) == (per_rank, c.kv_cache_elems_per_token_per_layer, L)
-            assert int(nbytes.replace(",", "")) == c.n_layer * L * per_rank * 4  # float32
-    assert "query heads 0-3 of 8" in two.stdout and "latent heads 1-1 of 2" in two.stdout
+    assert two.stdout.count("temperature 0.0, 2 process(es)") == 3  # each model sampled by two shards
 
 
 def run_tensor_parallel(model, tp, fn, monkeypatch):
@@ -666,32 +673,35 @@ def test_tensor_parallel_four_ranks_match_one_process(variant, monkeypatch):
             assert torch.equal(attn.kv_norm[0].weight, full.kv_norm[group].weight)
 
 
-def test_sampling_command_bad_input_is_one_line(tmp_path, capsys, monkeypatch):
+def one_line_error(err, script="train.py"):
+    """An error as the command line shows one: one line naming the script (argparse's usage line and the progress
+    bar's aside), and no traceback."""
+    lines = [line for line in err.splitlines() if line.startswith(f"{script}:")]
+    return len(lines) == 1 and "Traceback" not in err
+
+
+def test_sampling_command_bad_input_is_one_line(tmp_path, capsys):
     path = tmp_path / "gla2.pt"
     save_run(path, small_model("gla2", block_size=32))
     (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
+    never = "--temperature (0: greedy) and --top_k (0: every token) must be 0 or more"
     cases = [
-        ([str(path), "--max_new_tokens", "32"], {}, "a prompt of 1 tokens and --max_new_tokens 32 must fit the model's "
-                                                    "block_size of 32"),
-        ([str(path), "--prompt", "x" * 20, "--max_new_tokens", "13"], {}, "a prompt of 20 tokens"),
-        ([str(path), "--prompt", ""], {}, "a prompt of 0 tokens"),
-        ([str(path), "--max_iters", "5"], {}, "unrecognized arguments: --max_iters 5"),
-        ([str(tmp_path / "none.pt")], {}, "cannot read"),
-        ([str(tmp_path / "junk.pt")], {}, "cannot read"),
-        ([str(path), "--temperature", "-1"], {}, "--temperature must be >= 0"),
-        ([str(path), "--temperature", "nan"], {}, "--temperature must be >= 0"),
-        ([str(path), "--top_k", "-1"], {}, "--top_k must be >= 0"),
-        ([str(path), "--eval_iters", "0"], {}, "--max_new_tokens and --eval_iters >= 1"),
-        ([str(path), "--max_new_tokens", "0"], {}, "--max_new_tokens and --eval_iters >= 1"),
-    ] + ([] if torch.cuda.is_available() else [([str(path), "--device", "cuda"], {}, "CUDA is not available here")])
-    for argv, env, match in cases:
-        for key, value in env.items():
-            monkeypatch.setenv(key, value)
-        assert train.cli(["--sample", *argv]) == 2
+        ([str(path), "--max_new_tokens", "32"], "a prompt of 1 tokens and --max_new_tokens 32 must fit the model's "
+                                                "block_size, 32"),
+        ([str(path), "--prompt", "x" * 20, "--max_new_tokens", "13"], "a prompt of 20 tokens"),
+        ([str(path), "--prompt", ""], "a prompt of 0 tokens"),
+        ([str(tmp_path / "none.pt")], "cannot load"),
+        ([str(tmp_path / "junk.pt")], "cannot load"),
+        ([str(path), "--temperature", "-1"], never),
+        ([str(path), "--temperature", "nan"], never),
+        ([str(path), "--top_k", "-1"], never),
+        ([str(path), "--eval_iters", "0"], "argument --eval_iters: expected an integer above zero, got '0'"),
+        ([str(path), "--max_new_tokens", "0"], "argument --max_new_tokens: expected an integer above zero"),
+    ] + ([] if torch.cuda.is_available() else [([str(path), "--device", "cuda"], "CUDA is not available here")])
+    for argv, match in cases:
+        assert run_train(["--sample", *argv]) in (1, 2)
         err = capsys.readouterr().err
-        assert match in err and err.count("\n") == 1 and err.startswith("train.py: error:"), (argv, err)
-        for key in env:
-            monkeypatch.delenv(key)
+        assert match in err and one_line_error(err), (argv, err)
 
 
 def test_sampling_command_takes_a_tiny_temperature_and_a_prompt_that_is_not_utf8(tmp_path, capsys):
@@ -700,9 +710,9 @@ def test_sampling_command_takes_a_tiny_temperature_and_a_prompt_that_is_not_utf8
     bytes come back as they were given, shown as \\xNN."""
     path = tmp_path / "gla2.pt"
     save_run(path, small_model("gla2", block_size=32))
-    assert train.cli(["--sample", str(path), "--temperature", "1e-40", "--max_new_tokens", "3"]) == 0
+    assert run_train(["--sample", str(path), "--temperature", "1e-40", "--max_new_tokens", "3"]) == 0
     assert capsys.readouterr().err == ""
-    assert train.cli(["--sample", str(path), "--prompt", "ab\udcff\udcfe", "--max_new_tokens", "1"]) == 0
+    assert run_train(["--sample", str(path), "--prompt", "ab\udcff\udcfe", "--max_new_tokens", "1"]) == 0
     captured = capsys.readouterr()
     assert captured.err == "" and "\nab\\xff\\xfe" in captured.out, captured.out
 
@@ -725,17 +735,14 @@ def test_readmes_commands_take_the_flags_they_give(tmp_path, capsys):
     train_commands = readme_commands("train.py")
     assert len(train_commands) >= 7, train_commands  # one model, main job, 4 samplings, small, paper
     for argv in train_commands:
-        if "--sample" in argv:
-            train.get_sample_args(argv)
-        else:
-            train.get_args(argv)
+        train.get_args(argv)
     plot_commands = readme_commands("plot.py")
     assert len(plot_commands) >= 2, plot_commands
     for argv in plot_commands:
         # A last --out_dir that does not exist: the flags parse, then the run folder is missing (nothing is drawn).
-        assert plot.main([*argv, "--out_dir", str(tmp_path / "none")]) == 2
+        assert run_plot([*argv, "--out_dir", str(tmp_path / "none")]) == 1
         err = capsys.readouterr().err
-        assert "is not a directory" in err, (argv, err)
+        assert "is not a folder" in err, (argv, err)
 
 
 class PerturbedGPT(gla.GPT):
@@ -814,10 +821,15 @@ def _block_n():
     return kernels._decode_split_kernel.configs[0].kwargs["BLOCK_N"]
 
 
-def _grid(q, k_cache, v_cache, cache_seqlens, qv, num_splits=None, num_sms=None):
+def _grid(q, k_cache, v_cache, cache_seqlens, qv, num_splits=None):
     """The split kernel's grid for these inputs: (head blocks, splits, B x Hkv)."""
     max_len = int(cache_seqlens.max())
-    return kernels._split_launch(q, k_cache, v_cache, cache_seqlens, qv, 1.0, max_len, num_splits, num_sms)[0]
+    return kernels._split_launch(q, k_cache, v_cache, cache_seqlens, qv, 1.0, max_len, num_splits)[0]
+
+
+def poisoned_empty(*size, **kwargs):
+    """torch.empty, filled with NaN: an element a kernel leaves unwritten stays NaN."""
+    return torch.full(size[0] if len(size) == 1 else size, float("nan"), **kwargs)
 
 
 @interpreter_only
@@ -847,9 +859,9 @@ def _check_kernel(name, Lq, dtype, splits, seqlens=None, q_scale=1.0):
     ref = _ref(q, k_cache, v_cache, cache_seqlens, qv)
     assert not ref.isnan().any()
     for num_splits in splits:
-        out = torch.full((3, Lq, Hq, Dv), float("nan"), dtype=dtype)  # poisoned: unwritten stays NaN
-        got = kernels.decode_attention(q, k_cache, v_cache, cache_seqlens, qv, num_splits=num_splits, out=out)
-        assert got is out and got.dtype == dtype
+        with unittest.mock.patch.object(kernels.torch, "empty", poisoned_empty):  # the output and the partials
+            out = kernels.decode_attention(q, k_cache, v_cache, cache_seqlens, qv, num_splits=num_splits)
+        assert out.dtype == dtype
         assert not out.isnan().any(), f"unwritten output elements (num_splits={num_splits})"
         torch.testing.assert_close(out, ref, **_tol(dtype, Dk + Dv if use_qv else Dk))
     # The 4-split run above exercised the combine step of partial outputs.
@@ -973,8 +985,6 @@ def _bad(case):
         a["q"], a["qv"] = torch.randn(2, 2, 6, 8), torch.randn(2, 2, 6, 16)
     elif case == "too_long":
         a["cache_seqlens"] = torch.tensor([9, 5], dtype=torch.int32)
-    elif case == "too_short":
-        a["cache_seqlens"] = torch.tensor([8, 1], dtype=torch.int32)
     elif case == "seqlens_dtype":
         a["cache_seqlens"] = torch.tensor([8, 5])
     elif case == "mixed_dtype":
@@ -989,23 +999,21 @@ def _bad(case):
         a["q"] = torch.randn(2, 2, 4, 8, 1)
     elif case == "batch":
         a["v_cache"] = torch.randn(3, 8, 2, 16)
-    elif case == "device":
-        a["qv"] = a["qv"].to("meta")
     return a
 
 
 @pytest.mark.parametrize("case, match", [
     ("heads", "multiple of Hkv"), ("hk", "Hk 1 .* or Hkv"), ("too_long", r"\[Lq, S\]"),
-    ("too_short", "the Lq new tokens"), ("seqlens_dtype", "int32"), ("mixed_dtype", "one floating dtype"),
-    ("int_dtype", "one floating dtype"), ("qv_shape", r"qv: \(B, Lq, Hq, Dv\)"), ("dk", r"\(B, L, H, D\)"),
-    ("rank", "too many values to unpack"), ("batch", r"\(B, L, H, D\)"), ("device", "one device"),
+    ("seqlens_dtype", "int32"), ("mixed_dtype", "one floating dtype"), ("int_dtype", "one floating dtype"),
+    ("qv_shape", r"qv: \(B, Lq, Hq, Dv\)"), ("dk", r"\(B, L, H, D\)"), ("rank", "too many values to unpack"),
+    ("batch", r"\(B, L, H, D\)"),
 ])
 def test_bad_inputs_raise(case, match):
     """Inputs the kernel would read wrong (out of bounds, the wrong head, a 64-bit length as two) fail an assert."""
-    for fn in (kernels.decode_attention, kernels.decode_attention_ref):
-        with pytest.raises((AssertionError, ValueError), match=match):
-            fn(**_bad(case))
-    fn(**_bad("ok"))  # the same inputs unbroken are accepted
+    with pytest.raises((AssertionError, ValueError), match=match):
+        kernels.decode_attention(**_bad(case))
+    kernels.decode_attention(**_bad("ok"))  # the same inputs unbroken are accepted
+    kernels.decode_attention_ref(**_bad("ok"))
 
 
 def test_cpu_without_interpreter_raises():
@@ -1039,22 +1047,19 @@ LABELS = [plot.STYLE[v][0] for v in plot.VARIANTS]
 
 def _run_config(run, seed, **changes):
     """config.json as train.py writes it for `run` (e.g. "mla_double_heads") at the tiny preset and `seed`, its data
-    part the token counts and a source naming a path of the run's own; changes: {"part.key": value} set on top (e.g.
-    {"train.learning_rate": 9e-3}), or {"data": {...}} for the data part but its source (e.g. the former layout,
-    {"fingerprint": "0109738b1939d75b"})."""
+    source naming a path of the run's own; changes: {"part.key": value} set on top (e.g. {"train.learning_rate":
+    9e-3})."""
     variant = run.removesuffix("_double_heads")
     double = run.endswith("_double_heads")
     model = dataclasses.asdict(gla.make_config("tiny", variant, double_heads=double))
     train_spec = {"preset": "tiny", "max_iters": 400, "batch_size": 16, "grad_accum": 1, "learning_rate": 2e-3,
                   "warmup_iters": 200, "weight_decay": 0.1, "grad_clip": 1.0, "eval_interval": 25,
                   "eval_iters": 8, "seed": seed, "init": "coupled", "dtype": "float32"}
-    config = {"model": model, "train": train_spec, "data": {"train_tokens": 1_871_702, "val_tokens": 207_967}}
+    config = {"model": model, "train": train_spec,
+              "data": {"tokenizer": "bytes", "train_tokens": 1_871_702, "val_tokens": 207_967}}
     for key, value in changes.items():
-        if key == "data":
-            config["data"] = dict(value)
-        else:
-            part, name = key.split(".")
-            config[part][name] = value
+        part, name = key.split(".")
+        config[part][name] = value
     config["data"]["source"] = f"stdlib corpus (/somewhere/{run}/corpus.txt)"
     return config
 
@@ -1111,7 +1116,7 @@ def _read_csv(path):
 
 def _run_main(tmp_path, out):
     png = tmp_path / "fig" / "ablation.png"
-    rc = plot.main(["--out_dir", str(out), "--output", str(png)])
+    rc = run_plot(["--out_dir", str(out), "--output", str(png)])
     return rc, png, png.with_suffix(".csv")
 
 
@@ -1148,7 +1153,7 @@ def test_missing_run_warns_and_skips_variant(tmp_path, capsys):
     rc, png, csv = _run_main(tmp_path, out)
     assert rc == 0 and png.exists()
     note = capsys.readouterr().err.strip().splitlines()
-    assert len(note) == 1 and os.path.join(missing, "seed1337") in note[0] and LABELS[1] in note[0]
+    assert len(note) == 1 and os.path.join(missing, "seed1337", "config.json") in note[0] and LABELS[1] in note[0]
     assert [label for label in _n_seeds(csv)] == [label for label in LABELS if label != LABELS[1]]
 
 
@@ -1163,42 +1168,41 @@ def test_a_missing_or_foreign_config_json_is_one_note(tmp_path, capsys):
     foreign.write_text('{"model": {}, "train": [], "data": {}}')
     rc, _, csv = _run_main(tmp_path, out)
     assert rc == 0
-    assert capsys.readouterr().err.splitlines() == [
-        f"plot.py: note: {LABELS[0]} seed 2: left out: {gone} is missing or not train.py's",
-        f"plot.py: note: {LABELS[1]} seed 1: left out: {foreign} is missing or not train.py's"]
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 2 and err[1].startswith(f"plot.py: note: {LABELS[1]} seed1 left out: ")
+    assert err[0] == f"plot.py: note: {LABELS[0]} seed2 left out: FileNotFoundError: [Errno 2] No such file or " \
+        f"directory: '{gone}'"
     assert _n_seeds(csv) == {LABELS[0]: "1", LABELS[1]: "1", LABELS[2]: "2"}
 
 
 @pytest.mark.parametrize("case", ["nonexistent", "empty", "no_complete_variant"])
-def test_no_usable_runs_exit_2_without_outputs(tmp_path, capsys, case):
+def test_no_usable_runs_exit_1_without_outputs(tmp_path, capsys, case):
     out = tmp_path / "out"
     if case != "nonexistent":
         out.mkdir()
     if case == "no_complete_variant":
         _write_seeds(out, runs=[plot.VARIANTS[0], plot.VARIANTS[1] + plot.DOUBLE_SUFFIX])
     rc, png, csv = _run_main(tmp_path, out)
-    assert rc == 2
+    assert rc == 1
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1].startswith("plot.py: error:") and not any("error" in line for line in err[:-1])
+    assert err[-1].startswith("plot.py: ") and not any("plot.py: note" in line for line in err[-1:])
     assert not png.exists() and not csv.exists()
     assert not (tmp_path / "fig").exists() or not any((tmp_path / "fig").iterdir())
 
 
-@pytest.mark.parametrize("bad", ["cut", "nan"])
-def test_a_bad_metrics_line_is_one_line(tmp_path, capsys, bad):
-    """A line cut short, or a NaN val_loss (a run that diverged, which train.py stops at its next step), is one line
-    naming the file and line, exit 2 and nothing written: no figure with a diverged arm."""
+def test_a_metrics_line_cut_short_leaves_its_pair_out(tmp_path, capsys):
+    """A metrics.jsonl cut short (a run written by hand, or copied in half) leaves its pair out in one note naming
+    the error; the other pairs are plotted."""
     out = tmp_path / "out"
-    _write_seeds(out)
-    path = out / plot.VARIANTS[1] / "seed1337" / "metrics.jsonl"
+    _write_seeds(out, seeds=(1, 2))
+    path = out / plot.VARIANTS[1] / "seed2" / "metrics.jsonl"
     lines = path.read_text().splitlines()
-    lines[2] = lines[2][:15] if bad == "cut" else re.sub(r'"val_loss": [0-9.]+', '"val_loss": NaN', lines[2])
-    path.write_text("\n".join(lines) + "\n")
+    path.write_text("\n".join(lines[:2] + [lines[2][:15]]) + "\n")
     rc, png, csv = _run_main(tmp_path, out)
-    assert rc == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and str(path) in err and "line 3" in err
-    assert not png.exists() and not csv.exists()
+    assert rc == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"plot.py: note: {LABELS[1]} seed2 left out: JSONDecodeError"), err
+    assert _n_seeds(csv) == {label: "1" if label == LABELS[1] else "2" for label in LABELS}
 
 
 def _colour_pixels(png, rgb, rows, columns):
@@ -1236,7 +1240,8 @@ def test_seeds_missing_one_run_are_left_out_with_a_note(tmp_path, capsys):
     shutil.rmtree(gone)
     rc, _, csv = _run_main(tmp_path, out)
     assert rc == 0
-    assert capsys.readouterr().err == f"plot.py: note: {LABELS[1]} seed 3: left out: {gone} has no metrics.jsonl\n"
+    assert capsys.readouterr().err == (f"plot.py: note: {LABELS[1]} seed3 left out: FileNotFoundError: [Errno 2] No "
+                                       f"such file or directory: '{gone / 'config.json'}'\n")
     rows = list(csv_rows(csv))
     assert _n_seeds(csv) == {label: "2" if label == LABELS[1] else "3" for label in LABELS}
     first = [r for r in rows if r["variant"] == LABELS[0]][0]  # seeds' dL: d, d + 0.002, d + 0.004
@@ -1260,7 +1265,7 @@ def test_cli_subprocess_end_to_end(tmp_path):
     bad = subprocess.run([sys.executable, plot.__file__, "--out_dir", str(tmp_path / "nope"),
                           "--output", str(tmp_path / "x.png")],
                          capture_output=True, text=True, timeout=60)
-    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    assert bad.returncode == 1 and "Traceback" not in bad.stderr
     assert len(bad.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "x.png").exists()
 
@@ -1279,73 +1284,37 @@ def test_plot_imports_neither_torch_nor_the_model():
     assert done.returncode == 0, done.stderr[-500:]
 
 
-OLD_DATA = {"data": {"fingerprint": "0109738b1939d75b"}}  # train.py's former data part: a content hash, no counts
-
-
-@pytest.mark.parametrize("layout", [{}, OLD_DATA], ids=["token_counts", "fingerprint"])
 @pytest.mark.parametrize("setting, value", [("train.learning_rate", 9e-3), ("data.train_tokens", 1_000_000),
-                                            ("data.fingerprint", "ffffffffffffffff"), ("train.init", "independent"),
+                                            ("data.tokenizer", "gpt2"), ("train.init", "independent"),
                                             ("model.n_embd", 128)])
-def test_a_pair_whose_settings_differ_is_left_out_and_named(tmp_path, capsys, layout, setting, value):
+def test_a_pair_whose_settings_differ_is_left_out_and_named(tmp_path, capsys, setting, value):
     """Seed 2's double-heads run of the second variant differs from its baseline in one setting: that pair is left
-    out in one line naming the runs and the setting; the other pairs are plotted. A data source that differs only
-    in its path (every run's data.source here) is the same data, in either layout of config.json's data part, and
-    n_head and ffn_hidden differ in every pair."""
+    out in one line naming the setting; the other pairs are plotted. A data source that differs only in its path
+    (every run's data.source here) is the same data, and n_head and ffn_hidden differ in every pair."""
     out = tmp_path / "out"
-    _write_seeds(out, seeds=(1, 2), config=layout)
+    _write_seeds(out, seeds=(1, 2))
     variant = plot.VARIANTS[1]
     tokens, losses = _synthetic()
-    _write_run(out, f"{variant}_double_heads/seed2", tokens, losses[f"{variant}_double_heads"],
-               config={**layout, setting: value})
+    _write_run(out, f"{variant}_double_heads/seed2", tokens, losses[f"{variant}_double_heads"], config={setting: value})
     rc, _, csv = _run_main(tmp_path, out)
     assert rc == 0
     err = capsys.readouterr().err.splitlines()
-    assert len(err) == 1 and err[0].startswith(f"plot.py: note: {LABELS[1]} seed 2: left out: ") and setting in err[0]
-    assert f"{variant}/seed2" in err[0] and f"{variant}_double_heads/seed2" in err[0]
+    assert len(err) == 1 and err[0].startswith(f"plot.py: note: {LABELS[1]} seed2 left out: {setting}: "), err
     assert _n_seeds(csv) == {label: "1" if label == LABELS[1] else "2" for label in LABELS}
 
 
-@pytest.mark.parametrize("setting, value, why", [("train.learning_rate", 4e-3, "train.learning_rate: 0.004 vs 0.002"),
-                                                 ("data.val_tokens", 5, "data.val_tokens: 5 vs 207967")])
-def test_pairs_from_another_setting_are_left_out_and_no_pair_is_refused(tmp_path, capsys, setting, value, why):
-    """An interrupted --overwrite (or another --data) leaves seed 2 of the first variant at another learning rate
-    (or on other data) in both runs: a pair, but not of this figure's setting, so it is left out, in one line. When no
-    pair is left, the plot is refused."""
-    out = tmp_path / "out"
-    _write_seeds(out, seeds=(1, 2))
-    _write_seeds(out, seeds=(2,), runs=RUNS[:2], config={setting: value})
-    rc, png, csv = _run_main(tmp_path, out)
-    assert rc == 0
-    err = capsys.readouterr().err.splitlines()
-    assert err == [f"plot.py: note: {LABELS[0]} seed 2: left out: {out / RUNS[0] / 'seed2'} differs from the "
-                   f"figure's other pairs in {why}"]
-    assert _n_seeds(csv) == {label: "1" if label == LABELS[0] else "2" for label in LABELS}
-    png.unlink()
-    csv.unlink()
-    _write_seeds(out, seeds=(1, 2), runs=plot.VARIANTS, config={"train.max_iters": 800})
-    rc, png, csv = _run_main(tmp_path, out)
-    err = capsys.readouterr().err.strip().splitlines()
-    assert rc == 2 and err[-1].startswith("plot.py: error: no seed") and not png.exists() and not csv.exists()
-    assert sum("left out" in line for line in err) == 2 * len(plot.VARIANTS)
-
-
-def test_a_seed_still_training_is_left_out_and_the_finished_ones_kept(tmp_path, capsys):
-    """Seed 3 is still training: the first variant's double-heads run has no evaluation yet, and the last variant's
-    baseline 4 of 9, its last line cut by a kill mid-write. Each variant keeps its finished seeds, says so in one
-    line, and is plotted on their full grid."""
+def test_a_seed_still_training_is_drawn_on_the_evaluations_all_share(tmp_path, capsys):
+    """Seed 3 of the last variant is still training (its baseline has 4 of 9 evaluations): the variant is drawn on
+    the 4 evaluations its three seeds share; the other variants on all 9."""
     out = tmp_path / "out"
     tokens, losses = _write_seeds(out, seeds=(1, 2, 3))
-    first, last = plot.VARIANTS[0] + plot.DOUBLE_SUFFIX, plot.VARIANTS[-1]
-    _write_run(out, f"{first}/seed3", [], [])
+    last = plot.VARIANTS[-1]
     _write_run(out, f"{last}/seed3", tokens[:4], losses[last][:4])
     rc, _, csv = _run_main(tmp_path, out)
-    assert rc == 0
-    err = capsys.readouterr().err
-    assert f"{LABELS[-1]} seed 3: left out: still training (at 1,500,000 tokens, the others at 4,000,000)" in err
-    assert f"{LABELS[0]} seed 3: left out: its two runs share no evaluation yet" in err
-    assert len(err.strip().splitlines()) == 2  # one line per seed left out, no other note
-    assert _n_seeds(csv) == {label: "2" if label in (LABELS[0], LABELS[-1]) else "3" for label in LABELS}
-    assert [int(r["tokens"]) for r in csv_rows(csv) if r["variant"] == LABELS[-1]] == list(tokens)
+    assert rc == 0 and capsys.readouterr().err == ""
+    assert _n_seeds(csv) == {label: "3" for label in LABELS}
+    assert [int(r["tokens"]) for r in csv_rows(csv) if r["variant"] == LABELS[-1]] == list(tokens[:4])
+    assert [int(r["tokens"]) for r in csv_rows(csv) if r["variant"] == LABELS[0]] == list(tokens)
 
 
 @pytest.mark.parametrize("under", ["fig.png", "sub/fig.png"])
@@ -1355,9 +1324,9 @@ def test_output_under_a_regular_file_is_one_line(tmp_path, capsys, under):
     out = tmp_path / "out"
     _write_seeds(out)
     (tmp_path / "a_file").write_text("not a folder")
-    rc = plot.main(["--out_dir", str(out), "--output", str(tmp_path / "a_file" / under)])
+    rc = run_plot(["--out_dir", str(out), "--output", str(tmp_path / "a_file" / under)])
     err = capsys.readouterr().err.strip().splitlines()
-    assert rc == 2 and len(err) == 1 and err[0].startswith("plot.py: error: ") and str(tmp_path / "a_file") in err[0]
+    assert rc == 1 and len(err) == 1 and err[0].startswith("plot.py: ") and str(tmp_path / "a_file") in err[0]
     assert (tmp_path / "a_file").read_text() == "not a folder"
 
 
@@ -1380,9 +1349,9 @@ def test_t975_is_the_two_sided_95_percent_quantile(df):
         assert plot.t975(df) == plot.T975[-1] and 0.975 < _t_cdf(plot.t975(df), df) < 0.98
 
 
-def test_token_vocabularies_plot_in_nats_per_token_and_bytes_in_nats_per_byte(tmp_path):
+def test_gpt2_tokens_plot_in_nats_per_token_and_bytes_in_nats_per_byte(tmp_path):
     out = tmp_path / "out"
-    _write_seeds(out, config={"model.vocab_size": 50304})
+    _write_seeds(out, config={"data.tokenizer": "gpt2"})
     curves, unit, setting = plot.curves_from_runs(out)
     assert unit == "nats/token" and plot.paper_range(unit)[0] == (0.002, 0.01)
     low, high = plot.paper_range("nats/byte")[0]
@@ -1406,7 +1375,7 @@ SEED = 1337  # train.py's default --seed
 def corpus(tmp_path_factory):
     """The default stdlib corpus, built once per session (~5 s)."""
     d = tmp_path_factory.mktemp("corpus")
-    data = train.load_data(None, 64)
+    data = train.load_data(None, 64, 256)
     assert data.n_tokens["train"] > 1_000_000 and data.n_tokens["val"] > 100_000
     (d / "stdlib_corpus.txt").write_bytes(train.stdlib_corpus())
     return d / "stdlib_corpus.txt"
@@ -1439,7 +1408,7 @@ def test_training_on_default_corpus_lowers_val_loss(tmp_path, corpus, capsys):
     argv = ["--attn", "gla2", "--double_heads", "--out_dir", str(out), "--max_iters", "60", "--batch_size", "8",
             "--block_size", "64", "--eval_interval", "20", "--eval_iters", "4", "--warmup_iters", "10", "--seeds", "1",
             "--learning_rate", "1e-3"]
-    assert train.cli(argv) == 0
+    assert run_train(argv) == 0
     assert "stdlib corpus" in capsys.readouterr().out
     rows = metrics(out, "gla2_double_heads")
     assert [r["iter"] for r in rows] == [20, 40, 60]
@@ -1455,7 +1424,7 @@ def test_training_on_default_corpus_lowers_val_loss(tmp_path, corpus, capsys):
 
 
 def test_batches_are_a_function_of_seed_and_step(text_file):
-    data = train.load_data(str(text_file), 64)
+    data = train.load_data(str(text_file), 64, 256)
     a = train.get_batch(data, "train", 7, 4, 32, seed=1)
     assert torch.equal(a[0], train.get_batch(data, "train", 7, 4, 32, seed=1)[0])
     assert not torch.equal(a[0], train.get_batch(data, "train", 8, 4, 32, seed=1)[0])
@@ -1474,7 +1443,7 @@ def test_batches_are_a_function_of_seed_and_step(text_file):
 def test_attn_all_trains_every_model_per_seed_then_plot_pairs_seeds_and_resume_skips(tmp_path, text_file, capfd):
     out = tmp_path / "out"
     argv = ["--attn", "all", "--out_dir", str(out), "--data", str(text_file), *FAST, "--seeds", "2"]
-    assert train.cli(argv) == 0
+    assert run_train(argv) == 0
     runs = [train.run_name(variant, double_heads) for variant in gla.VARIANTS for double_heads in (False, True)]
     folders = [rdir(out, run, seed) for run in runs for seed in (SEED, SEED + 1)]
     assert sorted(out.glob("*/seed*")) == sorted(folders)
@@ -1486,18 +1455,18 @@ def test_attn_all_trains_every_model_per_seed_then_plot_pairs_seeds_and_resume_s
     assert strip_timing(metrics(out, "gqa", SEED)) != strip_timing(metrics(out, "gqa", SEED + 1))
     # A run of the second seed, trained alone, is the run the job trained after five others.
     alone = tmp_path / "alone"
-    assert train.cli(["--attn", "gqa", "--out_dir", str(alone), "--data", str(text_file), *FAST,
+    assert run_train(["--attn", "gqa", "--out_dir", str(alone), "--data", str(text_file), *FAST,
                       "--seed", str(SEED + 1)]) == 0
     assert strip_timing(metrics(alone, "gqa", SEED + 1)) == strip_timing(metrics(out, "gqa", SEED + 1))
     before = {f: (f / "metrics.jsonl").read_text() for f in folders}
     capfd.readouterr()
-    assert train.cli(argv) == 2  # a forgotten --resume does not wipe finished runs
-    assert "holds a run; pass --resume to continue it" in capfd.readouterr().err
-    assert train.cli(argv + ["--resume"]) == 0
+    assert run_train(argv) == 1  # a forgotten --resume does not wipe finished runs
+    assert "holds a run; --resume continues it" in capfd.readouterr().err
+    assert run_train(argv + ["--resume"]) == 0
     assert capfd.readouterr().out.count("skipped") == 2 * len(runs)
     assert before == {f: (f / "metrics.jsonl").read_text() for f in folders}
     png = tmp_path / "fig.png"
-    assert plot.main(["--out_dir", str(out), "--output", str(png)]) == 0
+    assert run_plot(["--out_dir", str(out), "--output", str(png)]) == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     rows = list(csv_rows(png.with_suffix(".csv")))
     label_run = {plot.STYLE[variant][0]: variant for variant in plot.VARIANTS}  # "GLA-2": "gla2", ...
@@ -1534,7 +1503,7 @@ def test_sigkill_then_resume_gives_identical_metrics(tmp_path, text_file):
     args = ["--attn", "mla", "--data", str(text_file), "--max_iters", "80", "--batch_size", "8", "--block_size", "64",
             "--eval_interval", "7", "--eval_iters", "2", "--ckpt_interval", "10", "--warmup_iters", "5", "--seeds", "1",
             *NARROW]
-    assert train.cli([*args, "--out_dir", str(tmp_path / "ref")]) == 0
+    assert run_train([*args, "--out_dir", str(tmp_path / "ref")]) == 0
     killed = tmp_path / "killed"
     proc = subprocess.Popen([sys.executable, "train.py", *args, "--out_dir", str(killed)], cwd=REPO,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -1547,7 +1516,7 @@ def test_sigkill_then_resume_gives_identical_metrics(tmp_path, text_file):
     ckpt = torch.load(rdir(killed, "mla") / "ckpt.pt", weights_only=True)
     assert 0 < ckpt["iter"] < 80, "the run finished before it was killed; the test proves nothing"
     (rdir(killed, "mla") / "ckpt.pt.tmp").write_bytes(b"as if killed inside write_file")
-    assert train.cli([*args, "--out_dir", str(killed), "--resume"]) == 0
+    assert run_train([*args, "--out_dir", str(killed), "--resume"]) == 0
     ref, resumed = metrics(tmp_path / "ref", "mla"), metrics(killed, "mla")
     assert [r["iter"] for r in resumed] == [r["iter"] for r in ref]  # none lost, none repeated
     assert strip_timing(resumed) == strip_timing(ref)  # bit-identical losses on CPU
@@ -1562,7 +1531,7 @@ def test_resume_drops_the_evaluations_past_its_checkpoint(tmp_path, text_file, m
     args = ["--attn", "gla2", "--data", str(text_file), "--max_iters", "30", "--batch_size", "8", "--block_size",
             "64", "--eval_interval", str(eval_interval), "--eval_iters", "2", "--ckpt_interval", str(ckpt_interval),
             "--warmup_iters", "5", "--seeds", "1", *NARROW]
-    assert train.cli([*args, "--out_dir", str(tmp_path / "ref")]) == 0
+    assert run_train([*args, "--out_dir", str(tmp_path / "ref")]) == 0
     real_step, steps = train.train_step, []
 
     def stopped(*a):
@@ -1573,14 +1542,14 @@ def test_resume_drops_the_evaluations_past_its_checkpoint(tmp_path, text_file, m
 
     monkeypatch.setattr(train, "train_step", stopped)
     out = tmp_path / "stopped"
-    assert train.cli([*args, "--out_dir", str(out)]) == 130
+    assert run_train([*args, "--out_dir", str(out)]) == 130
     folder = rdir(out, "gla2")
     ckpt_iter = torch.load(folder / "ckpt.pt", weights_only=True)["iter"]
     written = [r["iter"] for r in train.read_metrics(folder / "metrics.jsonl")]
     assert ckpt_iter == stop // ckpt_interval * ckpt_interval == 10
     assert written == [7, 14] and written[-1] > ckpt_iter  # the case under test: an evaluation past the checkpoint
     monkeypatch.setattr(train, "train_step", real_step)
-    assert train.cli([*args, "--out_dir", str(out), "--resume"]) == 0
+    assert run_train([*args, "--out_dir", str(out), "--resume"]) == 0
     assert strip_timing(metrics(out, "gla2")) == strip_timing(metrics(tmp_path / "ref", "gla2"))
 
 
@@ -1656,7 +1625,7 @@ def _windows_of(data, split, steps, batch_size, block_size, seed, rank=0, world_
 
 def test_one_pass_reads_every_window_once_and_the_next_pass_reorders():
     tokens = np.random.default_rng(0).integers(0, 256, 1000).astype(np.uint8)  # a window shows where it is
-    data = TokenData([tokens], [tokens[:300]], "test")
+    data = TokenData([tokens], [tokens[:300]], "test", "bytes")
     n = int(data.windows("train", 16).sum())
     assert n == (1000 - 1) // 16 == 62
     starts = _windows_of(data, "train", range(2 * n // 4 + 1), 4, 16, seed=3)  # batches of 4 straddle the passes
@@ -1669,7 +1638,7 @@ def test_one_pass_reads_every_window_once_and_the_next_pass_reorders():
 
 def test_two_processes_read_disjoint_halves_of_each_batch():
     tokens = np.random.default_rng(1).integers(0, 256, 2000).astype(np.uint8)
-    data = TokenData([tokens], [tokens[:300]], "test")
+    data = TokenData([tokens], [tokens[:300]], "test", "bytes")
     both = _windows_of(data, "train", range(5), 8, 16, seed=1)
     ranks = [_windows_of(data, "train", range(5), 8, 16, seed=1, rank=r, world_size=2) for r in range(2)]
     assert not set(ranks[0]) & set(ranks[1])
@@ -1686,7 +1655,7 @@ def test_permutation_is_a_bijection_without_a_table():
 
 
 def test_evaluation_runs_in_training_micro_batches(text_file):
-    data = train.load_data(str(text_file), 64)
+    data = train.load_data(str(text_file), 64, 256)
     model = gla.GPT(gla.make_config("tiny", "gqa", block_size=32)).eval()
     seen = []
     model.register_forward_pre_hook(lambda module, inputs: seen.append(inputs[0].shape[0]))
@@ -1703,8 +1672,8 @@ def test_evaluation_runs_in_training_micro_batches(text_file):
 def test_grad_accum_matches_one_big_batch(tmp_path, text_file):
     base = ["--attn", "gla2", "--data", str(text_file), "--max_iters", "10", "--batch_size", "8",
             "--block_size", "32", "--eval_interval", "5", "--eval_iters", "2", "--seeds", "1", *NARROW]
-    assert train.cli([*base, "--out_dir", str(tmp_path / "a")]) == 0
-    assert train.cli([*base, "--out_dir", str(tmp_path / "b"), "--grad_accum", "4"]) == 0
+    assert run_train([*base, "--out_dir", str(tmp_path / "a")]) == 0
+    assert run_train([*base, "--out_dir", str(tmp_path / "b"), "--grad_accum", "4"]) == 0
     a, b = metrics(tmp_path / "a", "gla2"), metrics(tmp_path / "b", "gla2")
     assert len(a) == len(b) == 2
     for r1, r2 in zip(a, b):
@@ -1729,7 +1698,7 @@ def test_small_preset_starts_and_finishes_on_llm_c_shards(tmp_path, capsys):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        assert train.cli(argv) == 0
+        assert run_train(argv) == 0
     finally:
         torch.set_num_threads(threads)
     assert f"token files in {data}" in capsys.readouterr().out
@@ -1777,20 +1746,10 @@ def has_rows(path):
     return path.exists() and path.stat().st_size > 0
 
 
-def one_line_error(err):
-    """One error line on stderr (the progress bar's lines aside) and no traceback."""
-    lines = [line for line in err.splitlines() if "error" in line]
-    return len(lines) == 1 and lines[0].startswith("train.py: error:") and "Traceback" not in err
-
-
 def bad_inputs(tmp_path):
     """argv -> the words the error must contain."""
     (tmp_path / "empty.txt").write_bytes(b"")
     (tmp_path / "short.txt").write_bytes(b"too short for a block")
-    odd = tmp_path / "odd"
-    odd.mkdir()
-    (odd / "train.bin").write_bytes(b"\x00" * 1001)
-    (odd / "val.bin").write_bytes(b"\x00" * 1000)
     (tmp_path / "a_file").write_text("x")
     for name, header, n in [("magic", [123, 1, 600], 600), ("version", [20240520, 2, 600], 600),
                             ("length", [20240520, 1, 900], 600), ("negative", [20240520, 1, -5], 600)]:
@@ -1802,37 +1761,39 @@ def bad_inputs(tmp_path):
     stub.mkdir()
     (stub / "fw_train_000001.bin").write_bytes(np.array([20240520, 1], dtype=np.int32).tobytes())
     write_tokens(stub / "fw_val_000000.bin", [1] * 600, [20240520, 1, 600])
+    shards = tmp_path / "shards"  # GPT-2 token ids, which the tiny preset's 256-token vocabulary cannot hold
+    shards.mkdir()
+    for name in ("fw_train_000001.bin", "fw_val_000000.bin"):
+        write_tokens(shards / name, [50256] * 600, [20240520, 1, 600])
+    above_zero = "expected an integer above zero"
     cases = {
         ("--attn", "foo"): "invalid choice",
         ("--preset", "huge"): "invalid choice",
-        ("--attn", "gla2", "--n_head", "5"): "GLA-2 cannot split n_head=5",
-        ("--attn", "gqa", "--n_head", "6", "--n_kv_head", "4"): "n_kv_head=4",
+        ("--attn", "gla2", "--n_head", "5"): "gla2: 5 query heads do not split into 2 groups",
+        ("--attn", "gqa", "--n_head", "6", "--n_kv_head", "4"): "gqa: 6 query heads do not split into 4 groups",
         ("--data", str(tmp_path / "missing.txt")): "neither a text file nor a folder",
         ("--data", str(tmp_path / "empty.txt")): "one block",
         ("--data", str(tmp_path / "short.txt")): "one block",
-        ("--data", str(odd)): "whole number of uint16",
         ("--data", str(tmp_path / "magic")): "header [123, 1, 600]",
         ("--data", str(tmp_path / "version")): "header [20240520, 2, 600]",
-        ("--data", str(tmp_path / "length")): "not a whole llm.c token shard",
+        ("--data", str(tmp_path / "length")): "not a whole llm.c shard",
         ("--data", str(tmp_path / "negative")): "header [20240520, 1, -5]",
         ("--data", str(stub)): "header [20240520, 1], 8 bytes",
-        ("--data", str(tmp_path / "magic" / "fw_train_000001.bin")): "pass --data",
-        ("--max_iters", "0"): "--max_iters must be a positive number, got 0",
-        ("--batch_size", "-2"): "--batch_size must be a positive number",
-        ("--block_size", "0"): "--block_size must be a positive number",
-        ("--eval_interval", "0"): "--eval_interval must be a positive number",
-        ("--grad_clip", "-1"): "--grad_clip must be a positive number",
-        ("--learning_rate", "inf"): "--learning_rate must be a positive number",
-        ("--weight_decay", "nan"): "--weight_decay must be zero or more",
-        ("--warmup_iters", "-1"): "--warmup_iters must be zero or more",
-        ("--seeds", "0"): "--seeds must be a positive number",
+        ("--data", str(shards)): "holds gpt2 tokens, which need a vocabulary of 50257, not 256",
+        ("--max_iters", "0"): f"argument --max_iters: {above_zero}, got '0'",
+        ("--batch_size", "-2"): f"argument --batch_size: {above_zero}",
+        ("--block_size", "0"): f"argument --block_size: {above_zero}",
+        ("--eval_interval", "2.5"): f"argument --eval_interval: {above_zero}",
+        ("--grad_clip", "-1"): "argument --grad_clip: expected a finite number above zero",
+        ("--learning_rate", "inf"): "argument --learning_rate: expected a finite number above zero",
+        ("--seeds", "0"): f"argument --seeds: {above_zero}",
         ("--batch_size", "6", "--grad_accum", "4"): "does not split into 1 process(es) x --grad_accum 4",
         ("--resume", "--overwrite"): "argument --overwrite: not allowed with argument --resume",
         ("--attn", "all", "--double_heads"): "--double_heads picks one arm of a variant",
         # The baseline builds; its double-heads twin, which --init coupled draws against, does not.
-        ("--attn", "mla", "--n_embd", "32", "--head_dim", "8", "--n_layer", "1", "--n_head", "6"): "mla_double_heads",
-        ("--temperature", "0.5"): "unrecognized arguments: --temperature 0.5",
-        ("--out_dir", str(tmp_path / "a_file" / "out")): "cannot write",
+        ("--attn", "mla", "--n_embd", "32", "--head_dim", "8", "--n_layer", "1", "--n_head", "6"):
+            "mla_double_heads: 12 query heads leave the MLP no width",
+        ("--out_dir", str(tmp_path / "a_file" / "out")): "Not a directory",
     }
     if not torch.cuda.is_available():
         cases[("--device", "cuda")] = "CUDA is not available"
@@ -1844,7 +1805,7 @@ def test_bad_input_is_one_line_and_writes_no_run(tmp_path, text_file, capsys):
         out = tmp_path / "runs"
         defaults = ["--max_iters", "30", "--data", str(text_file), "--out_dir", str(out), "--seeds", "1"]
         argv = [*defaults, *argv]  # later flags win: the bad value is the one parsed
-        assert train.cli(argv) in (1, 2), argv
+        assert run_train(argv) in (1, 2), argv
         err = capsys.readouterr().err
         assert one_line_error(err), (argv, err)
         assert words in err, (argv, err)
@@ -1852,18 +1813,11 @@ def test_bad_input_is_one_line_and_writes_no_run(tmp_path, text_file, capsys):
 
 
 def test_bad_input_from_the_command_line(tmp_path):
-    out = subprocess.run([sys.executable, "train.py", "--attn", "gla2", "--n_head", "3", "--out_dir",
-                          str(tmp_path / "o")], cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 2 and one_line_error(out.stderr), out.stderr
-    assert not (tmp_path / "o").exists()
-
-
-def test_errors_under_torchrun_name_their_rank(capsys, monkeypatch):
-    monkeypatch.setenv("WORLD_SIZE", "4")
-    monkeypatch.setenv("RANK", "3")
-    assert train.cli(["--batch_size", "6"]) == 2  # 6 sequences cannot be split over 4 processes
-    err = capsys.readouterr().err
-    assert one_line_error(err) and err.startswith("train.py: error: rank 3: --batch_size 6"), err
+    for flags, status in ((["--n_head", "3"], 1), (["--max_iters", "0"], 2)):  # ours, and argparse's
+        out = subprocess.run([sys.executable, "train.py", "--attn", "gla2", *flags, "--out_dir", str(tmp_path / "o")],
+                             cwd=REPO, capture_output=True, text=True, timeout=120)
+        assert out.returncode == status and one_line_error(out.stderr), out.stderr
+        assert not (tmp_path / "o").exists()
 
 
 def test_diverging_loss_stops_and_keeps_last_good_checkpoint(tmp_path, text_file, capsys):
@@ -1871,7 +1825,7 @@ def test_diverging_loss_stops_and_keeps_last_good_checkpoint(tmp_path, text_file
     argv = ["--out_dir", str(out), "--data", str(text_file), "--learning_rate", "1e30", "--warmup_iters", "0",
             "--ckpt_interval", "1", "--max_iters", "20", "--batch_size", "4", "--block_size", "32", "--seeds", "1",
             *NARROW]
-    assert train.cli(argv) == 1
+    assert run_train(argv) == 1
     err = capsys.readouterr().err
     assert one_line_error(err) and "at iteration" in err, err
     failed_at = int(err.split("at iteration ")[1].split(";")[0])
@@ -1900,36 +1854,59 @@ def test_metrics_without_a_checkpoint_are_never_erased_without_overwrite(tmp_pat
     args = ["--attn", "gqa", "--data", str(text_file), "--max_iters", "20", "--eval_interval", "5",
             "--ckpt_interval", "10", *TINY]
     out = tmp_path / "out"
-    assert train.cli([*args, "--out_dir", str(out)]) == 0
+    assert run_train([*args, "--out_dir", str(out)]) == 0
     folder = rdir(out, "gqa")
     (folder / "ckpt.pt").unlink()
     kept = (folder / "metrics.jsonl").read_bytes()
-    for extra, words in (([], "holds a run; pass --resume"), (["--resume"], "up to iteration 20 but no ckpt.pt")):
-        assert train.cli([*args, "--out_dir", str(out), *extra]) == 2
+    for extra, words in (([], "holds a run; --resume continues it"), (["--resume"], "up to iteration 20 but no ckpt")):
+        assert run_train([*args, "--out_dir", str(out), *extra]) == 1
         err = capsys.readouterr().err
-        assert one_line_error(err) and words in err and "--overwrite to start it over" in err, err
+        assert one_line_error(err) and words in err and "--overwrite starts it over" in err, err
         assert (folder / "metrics.jsonl").read_bytes() == kept
-    assert train.cli([*args, "--out_dir", str(out), "--overwrite"]) == 0
+    assert run_train([*args, "--out_dir", str(out), "--overwrite"]) == 0
     assert [r["iter"] for r in metrics(out, "gqa")] == [5, 10, 15, 20]
 
     early = [json.dumps(row) for row in metrics(out, "gqa")[:2]]  # a kill between the evaluation and the save at 10
     (folder / "ckpt.pt").unlink()
     (folder / "metrics.jsonl").write_text("\n".join(early) + "\n")
-    assert train.cli([*args, "--out_dir", str(out)]) == 2
-    assert "holds a run; pass --resume" in capsys.readouterr().err
-    assert train.cli([*args, "--out_dir", str(out), "--resume"]) == 0
+    assert run_train([*args, "--out_dir", str(out)]) == 1
+    assert "holds a run; --resume continues it" in capsys.readouterr().err
+    assert run_train([*args, "--out_dir", str(out), "--resume"]) == 0
     assert [r["iter"] for r in metrics(out, "gqa")] == [5, 10, 15, 20]
 
 
+def test_a_second_command_into_a_running_runs_folder_is_refused(tmp_path, text_file, capsys):
+    """A run that has written its config.json but no evaluation or checkpoint yet is a run: a second command into
+    its folder is refused in one line, its files untouched."""
+    out = tmp_path / "out"
+    args = ["--attn", "gla2", "--data", str(text_file), "--max_iters", "100000", *TINY, "--out_dir", str(out)]
+    first = subprocess.Popen([sys.executable, "train.py", *args], cwd=REPO, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 120
+        while not (rdir(out, "gla2") / "config.json").exists() and time.time() < deadline:
+            time.sleep(0.01)
+        assert not (rdir(out, "gla2") / "ckpt.pt").exists(), "the first run checkpointed already: nothing is tested"
+        assert run_train(args) == 1
+    finally:
+        first.kill()
+        first.wait()
+    err = capsys.readouterr().err
+    assert one_line_error(err) and "holds a run; --resume continues it" in err, err
+
+
 class FullDisk:
-    """A file on a disk that fills after `room` bytes: a write past it raises ENOSPC."""
+    """A file on a disk that fills after `room` bytes: a write past it raises ENOSPC, and so does closing the file
+    after that (a buffered file's close flushes what it holds, as a real full disk shows)."""
 
     def __init__(self, f, room):
         self.f = f
         self.room = room
+        self.full = False
 
     def write(self, b):
         if len(b) > self.room:
+            self.full = True
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         self.room -= len(b)
         return self.f.write(b)
@@ -1939,6 +1916,8 @@ class FullDisk:
 
     def __exit__(self, *exc):
         self.f.close()
+        if self.full:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     def __getattr__(self, name):
         return getattr(self.f, name)
@@ -1947,7 +1926,7 @@ class FullDisk:
 def test_full_disk_at_a_checkpoint_keeps_the_last_one_and_resume_matches(tmp_path, text_file, capsys, monkeypatch):
     args = ["--attn", "gqa", "--data", str(text_file), "--max_iters", "30", "--eval_interval", "5", "--ckpt_interval",
             "10", *TINY]
-    assert train.cli([*args, "--out_dir", str(tmp_path / "ref")]) == 0
+    assert run_train([*args, "--out_dir", str(tmp_path / "ref")]) == 0
     opened = []
 
     def full_at_the_second_checkpoint(path, mode="r", *a, **kw):
@@ -1961,43 +1940,44 @@ def test_full_disk_at_a_checkpoint_keeps_the_last_one_and_resume_matches(tmp_pat
     monkeypatch.setattr(train, "open", full_at_the_second_checkpoint, raising=False)
     out = tmp_path / "full"
     folder = rdir(out, "gqa")
-    assert train.cli([*args, "--out_dir", str(out)]) == 1
+    assert run_train([*args, "--out_dir", str(out)]) == 1
     err = capsys.readouterr().err
-    assert one_line_error(err) and f"cannot write {folder / 'ckpt.pt'} (No space left on device); what the run " \
-        "saved before is kept: free space or make it writable, then --resume" in err, err
+    assert one_line_error(err) and f"train.py: [Errno 28] No space left on device: '{folder / 'ckpt.pt'}'; the " \
+        "files saved before are whole: mend it, then --resume" in err, err
     assert torch.load(folder / "ckpt.pt", weights_only=True)["iter"] == 10  # the last one, whole
-    assert not (folder / "ckpt.pt.tmp").exists()
     assert [r["iter"] for r in metrics(out, "gqa")] == [5, 10, 15, 20]  # 15 and 20: past the checkpoint
     monkeypatch.setattr(train, "open", open, raising=False)  # room again
-    assert train.cli([*args, "--out_dir", str(out), "--resume"]) == 0
+    assert run_train([*args, "--out_dir", str(out), "--resume"]) == 0
     assert strip_timing(metrics(out, "gqa")) == strip_timing(metrics(tmp_path / "ref", "gqa"))
 
 
-def test_sigint_checkpoints_and_resume_gives_identical_metrics(tmp_path, text_file):
-    args = ["--attn", "gla2", "--data", str(text_file), "--max_iters", "30", "--eval_interval", "5", "--ckpt_interval",
-            "1000", *TINY]  # no checkpoint before the end but the one that the interrupt writes
-    assert train.cli([*args, "--out_dir", str(tmp_path / "ref")]) == 0
+def test_ctrl_c_is_one_line_and_resume_gives_identical_metrics(tmp_path, text_file):
+    """Ctrl-C stops training at once with one line naming the step and the checkpoint --resume continues from;
+    it costs at most --ckpt_interval steps, and the resumed run's metrics are the uninterrupted run's."""
+    args = ["--attn", "gla2", "--data", str(text_file), "--max_iters", "60", "--eval_interval", "5", "--ckpt_interval",
+            "10", *TINY]
+    assert run_train([*args, "--out_dir", str(tmp_path / "ref")]) == 0
     out = tmp_path / "stopped"
     proc = subprocess.Popen([sys.executable, "train.py", *args, "--out_dir", str(out)], cwd=REPO,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 120
-    while not has_rows(rdir(out, "gla2") / "metrics.jsonl") and time.time() < deadline and proc.poll() is None:
+    while not (rdir(out, "gla2") / "ckpt.pt").exists() and time.time() < deadline and proc.poll() is None:
         time.sleep(0.02)
     proc.send_signal(signal.SIGINT)
     err = proc.communicate(timeout=120)[1]
-    stopped = re.fullmatch(r"train\.py: gla2 seed 1337: interrupted at iteration (\d+): --resume continues\n", err)
-    assert proc.returncode == 130 and stopped, err
-    at = int(stopped[1])
-    assert 5 <= at < 30, "the run finished before the signal; the test proves nothing"
-    assert torch.load(rdir(out, "gla2") / "ckpt.pt", weights_only=True)["iter"] == at
-    assert train.cli([*args, "--out_dir", str(out), "--resume"]) == 0
+    stopped = re.search(r"^train\.py: gla2 seed 1337 stopped at iteration (\d+); --resume continues from (\d+)$", err,
+                        re.M)
+    assert proc.returncode == 130 and stopped and one_line_error(err), err
+    at, saved = int(stopped[1]), int(stopped[2])
+    assert 10 <= saved <= at < 60, "the run finished before the signal; the test proves nothing"
+    assert saved <= torch.load(rdir(out, "gla2") / "ckpt.pt", weights_only=True)["iter"] <= at
+    assert run_train([*args, "--out_dir", str(out), "--resume"]) == 0
     assert strip_timing(metrics(out, "gla2")) == strip_timing(metrics(tmp_path / "ref", "gla2"))
 
 
-def test_sigterm_to_the_group_checkpoints_and_resume_finishes_every_run(tmp_path, text_file):
-    """`timeout` signals the whole process group with SIGTERM, as a terminal's Ctrl-C does with SIGINT: the run in
-    training checkpoints after its step and says so in one line, exit 143; --resume finishes it and the runs after
-    it."""
+def test_sigterm_to_the_group_is_silent_and_resume_finishes_every_run(tmp_path, text_file):
+    """`timeout` signals the whole process group with SIGTERM: its default action stops training with no traceback
+    (nothing saved is half-written), and --resume finishes the run it stopped and the runs after it."""
     out = tmp_path / "out"
     args = ["--attn", "all", "--data", str(text_file), "--max_iters", "12", "--eval_interval", "4", *TINY,
             "--out_dir", str(out)]
@@ -2013,10 +1993,8 @@ def test_sigterm_to_the_group_checkpoints_and_resume_finishes_every_run(tmp_path
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-    stopped = re.fullmatch(r"train\.py: (\w+) seed 1337: interrupted at iteration (\d+): --resume continues\n", err)
-    assert proc.returncode == 128 + signal.SIGTERM and stopped, err
-    assert torch.load(rdir(out, stopped[1]) / "ckpt.pt", weights_only=True)["iter"] == int(stopped[2]) <= 12
-    assert train.cli(args + ["--resume"]) == 0
+    assert proc.returncode == -signal.SIGTERM and "Traceback" not in err and "train.py:" not in err, err
+    assert run_train(args + ["--resume"]) == 0
     folders = list(out.glob("*/seed*"))
     assert len(folders) == 2 * len(gla.VARIANTS)
     for folder in folders:
@@ -2026,17 +2004,17 @@ def test_sigterm_to_the_group_checkpoints_and_resume_finishes_every_run(tmp_path
 def test_resume_refuses_a_different_setup(tmp_path, text_file, capsys):
     out = tmp_path / "out"
     base = ["--attn", "gqa", "--out_dir", str(out), "--data", str(text_file), *FAST]
-    assert train.cli(base) == 0
+    assert run_train(base) == 0
     capsys.readouterr()
     for argv, difference in ((["--n_head", "8"], "model.n_head: 4 -> 8"),
                              (["--dtype", "bfloat16"], "train.dtype: 'float32' -> 'bfloat16'"),
                              (["--init", "independent"], "train.init: 'coupled' -> 'independent'")):
-        assert train.cli([*base, "--resume", *argv]) == 2
+        assert run_train([*base, "--resume", *argv]) == 1
         err = capsys.readouterr().err
         assert one_line_error(err) and difference in err, err
     other = tmp_path / "other.txt"
     other.write_bytes(text_file.read_bytes()[::-1])
-    assert train.cli([*base, "--resume", "--data", str(other)]) == 2
+    assert run_train([*base, "--resume", "--data", str(other)]) == 1
     assert f"data.source: 'text file {text_file}' -> 'text file {other}'" in capsys.readouterr().err
 
 
@@ -2044,9 +2022,9 @@ def test_corrupt_checkpoint_is_a_one_line_error(tmp_path, text_file, capsys):
     out = tmp_path / "out"
     rdir(out, "gqa").mkdir(parents=True)
     (rdir(out, "gqa") / "ckpt.pt").write_bytes(b"garbage")
-    assert train.cli(["--out_dir", str(out), "--data", str(text_file), "--resume", *FAST]) == 2
+    assert run_train(["--out_dir", str(out), "--data", str(text_file), "--resume", *FAST]) == 1
     err = capsys.readouterr().err
-    assert one_line_error(err) and "not a checkpoint of train.py" in err, err
+    assert one_line_error(err) and f"cannot resume {rdir(out, 'gqa') / 'ckpt.pt'} (" in err, err
 
 
 def test_resume_frees_the_loaded_checkpoint(tmp_path, text_file, monkeypatch):
@@ -2061,13 +2039,13 @@ def test_resume_frees_the_loaded_checkpoint(tmp_path, text_file, monkeypatch):
         return real_step(*args)
 
     monkeypatch.setattr(train, "train_step", interrupted)
-    assert train.cli(argv) == 130  # stopped at once, as by a second Ctrl-C
+    assert run_train(argv) == 130  # stopped at once, as by a second Ctrl-C
     assert torch.load(rdir(out, "mla") / "ckpt.pt", weights_only=True)["iter"] == 10
 
-    real_load, loaded = train.load_checkpoint, []
+    real_load, loaded = torch.load, []
 
-    def spy(*args):
-        ckpt = real_load(*args)
+    def spy(*args, **kwargs):
+        ckpt = real_load(*args, **kwargs)
         loaded.append(weakref.ref(ckpt["model"]["blocks.0.attn.wkv_b"]))
         return ckpt
 
@@ -2075,9 +2053,9 @@ def test_resume_frees_the_loaded_checkpoint(tmp_path, text_file, monkeypatch):
         assert loaded and loaded[0]() is None, "the loaded checkpoint is still held while training resumes"
         return real_step(*args)
 
-    monkeypatch.setattr(train, "load_checkpoint", spy)
+    monkeypatch.setattr(train.torch, "load", spy)
     monkeypatch.setattr(train, "train_step", check_freed)
-    assert train.cli(argv + ["--resume"]) == 0
+    assert run_train(argv + ["--resume"]) == 0
     assert [r["iter"] for r in metrics(out, "mla")] == [10, 20, 30]
 
 
@@ -2087,7 +2065,7 @@ def test_llm_c_shards_are_read_in_sequence(tmp_path):
     for i in range(3):  # shard i holds tokens 100 i .. 100 i + 49: a window shows its shard
         write_tokens(d / f"fw_train_{i:06d}.bin", 100 * i + np.arange(500) % 50, [20240520, 1, 500])
     write_tokens(d / "fw_val_000000.bin", 7 + np.arange(300) % 3, [20240520, 1, 300])
-    data = train.load_data(str(d), 32)
+    data = train.load_data(str(d), 32, 50304)
     assert data.n_tokens == {"train": 1500, "val": 300}
     x, y = train.get_batch(data, "train", 0, 64, 32, seed=0)
     shard = x // 100
@@ -2144,10 +2122,10 @@ def test_coupled_init_keeps_each_weights_distribution():
 def test_coupled_init_is_part_of_the_run(tmp_path, text_file, capsys):
     argv = ["--data", str(text_file), "--out_dir", str(tmp_path), *FAST, "--max_iters", "2", "--attn", "mla",
             "--double_heads"]
-    assert train.cli(argv) == 0  # coupled by default
+    assert run_train(argv) == 0  # coupled by default
     ckpt = torch.load(rdir(tmp_path, "mla_double_heads") / "ckpt.pt", weights_only=True)
     assert ckpt["config"]["train"]["init"] == "coupled"
-    assert train.cli([*argv, "--init", "independent", "--resume", "--max_iters", "4"]) == 2
+    assert run_train([*argv, "--init", "independent", "--resume", "--max_iters", "4"]) == 1
     assert "train.init: 'coupled' -> 'independent'" in capsys.readouterr().err
 
 
@@ -2200,7 +2178,7 @@ def release_checkpoint(model):
 def write_release(folder, sd, fields, layout="bin"):
     """Write sd and fields into folder as the release would: "bin" (one pytorch_model.bin), "sharded" (two
     pytorch_model-0000k-of-00002.bin and their index; the tied names fall in different shards), "lm_head" or "wte"
-    (one .bin holding only that tied name), "safetensors" (model.safetensors, the tied matrix once)."""
+    (one .bin holding only that tied name)."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(fields, indent=2, sort_keys=True))
     if layout == "sharded":
@@ -2211,9 +2189,6 @@ def write_release(folder, sd, fields, layout="bin"):
             torch.save({key: sd[key] for key in keys}, folder / file)
         weight_map = {key: file for file, keys in shards.items() for key in keys}
         (folder / "pytorch_model.bin.index.json").write_text(json.dumps({"weight_map": weight_map}))
-    elif layout == "safetensors":
-        from safetensors.torch import save_file
-        save_file({k: t.contiguous() for k, t in sd.items() if k != "lm_head.weight"}, folder / "model.safetensors")
     else:
         drop = {"lm_head": "transformer.wte.weight", "wte": "lm_head.weight"}.get(layout)
         torch.save({k: t for k, t in sd.items() if k != drop}, folder / "pytorch_model.bin")
@@ -2307,20 +2282,6 @@ def test_from_pretrained_gives_bit_identical_logits(tmp_path, variant, double_he
             assert torch.equal(loaded(idx)[0], want), layout
 
 
-def test_from_pretrained_reads_safetensors(tmp_path):
-    pytest.importorskip("safetensors")
-    for variant in VARIANTS:
-        for double_heads in False, True:
-            model = small_model(variant, double_heads)
-            folder = tmp_path / f"{variant}{double_heads}"
-            write_release(folder, *release_checkpoint(model), "safetensors")
-            loaded = gla.GPT.from_pretrained(folder)
-            assert loaded.lm_head.weight is loaded.tok_emb.weight
-            idx = torch.randint(0, model.config.vocab_size, (1, 16))
-            with torch.no_grad():
-                assert torch.equal(loaded(idx)[0], model(idx)[0]), (variant, double_heads)
-
-
 def test_from_pretrained_maps_the_weights_and_converts_each_once(tmp_path):
     """float32: the parameters are the checkpoint file's pages (memory-mapped, no copy; wkv_b alone is restacked);
     bfloat16: every parameter is the original's cast, the tie kept."""
@@ -2366,20 +2327,23 @@ def _misshaped(sd):
 
 @pytest.mark.parametrize("edit, says", [
     (_gated, "attn.gated_proj"), (_mlra, "attn.kv_a_layernorms.0"), (_bias, "transformer.h.1.mlp.c_fc1.bias"),
-    (_missing, "transformer.h.1.mlp.c_fc2.weight is not among"), (_misshaped, "kv_b_proj_2.weight is (256, 63)"),
-    (None, "holds no pytorch_model"),
+    (_missing, 'Missing key(s) in state_dict: "blocks.1.mlp.w2.weight"'),
+    (_misshaped, "stack expects each tensor to be equal size"), (None, "holds no pytorch_model"),
 ])
 def test_from_pretrained_refuses_in_one_line(tmp_path, edit, says):
+    """What is not a release checkpoint of a design we have fails in from_pretrained (an assert, or torch's own
+    check of the names and shapes), and `train.py --sample` says it in one line."""
     sd, fields = release_checkpoint(small_model("gla2"))
     if edit is None:
         (tmp_path / "config.json").write_text(json.dumps(fields))
     else:
         edit(sd)
         write_release(tmp_path, sd, fields)
-    with pytest.raises(gla.ConfigError) as caught:
+    with pytest.raises((AssertionError, RuntimeError)):
         gla.GPT.from_pretrained(tmp_path)
-    assert says in str(caught.value) and "\n" not in str(caught.value)
-    assert isinstance(caught.value, ValueError)
+    with pytest.raises(SystemExit) as caught:
+        train.load_model(tmp_path, torch.float32)
+    assert says in caught.value.code and "\n" not in caught.value.code
 
 
 class GPT2Stand_in:
@@ -2396,26 +2360,26 @@ class GPT2Stand_in:
 def test_sampling_takes_a_release_folder_and_measures_its_validation_loss(tmp_path, capsys, monkeypatch):
     """Issue 66 item 2: train.py --sample reads a release folder as it reads a run, and --data adds the model's mean
     loss on the first --eval_iters validation windows of that data, as training reads them (batch s = f(seed, s))."""
-    model = small_model("gla2", double_heads=True, vocab_size=512)
+    model = small_model("gla2", double_heads=True, n_layer=1, vocab_size=50304)  # the release's vocabulary
     folder = tmp_path / "main" / "gla_2"
     write_release(folder, *release_checkpoint(model))
     shards = tmp_path / "edu_fineweb10B"
     shards.mkdir()
     rng = np.random.default_rng(0)
     for name in ("edu_fineweb_train_000001.bin", "edu_fineweb_val_000000.bin"):
-        write_tokens(shards / name, rng.integers(0, 512, 1000), [20240520, 1, 1000])
+        write_tokens(shards / name, rng.integers(0, 50257, 1000), [20240520, 1, 1000])
     argv = ["--sample", str(folder), "--prompt", "hi", "--max_new_tokens", "3", "--temperature", "0",
             "--data", str(shards), "--eval_iters", "2"]
     monkeypatch.setitem(sys.modules, "tiktoken", None)  # not installed
-    assert train.cli(argv) == 2
+    assert run_train(argv) == 1
     err = capsys.readouterr().err
-    assert err == f"train.py: error: {folder} reads GPT-2 tokens: pip install tiktoken\n", err
+    assert err == f"train.py: {folder} reads GPT-2 tokens: pip install tiktoken\n", err
     monkeypatch.setitem(sys.modules, "tiktoken", types.SimpleNamespace(get_encoding=lambda name: GPT2Stand_in()))
-    assert train.cli(argv) == 0
+    assert run_train(argv) == 0
     out = capsys.readouterr().out
     greedy = model.generate(torch.tensor([list(b"hi")]), 3, temperature=0)[0].tolist()
     assert sampled_texts(out) == [" ".join(map(str, greedy))]
-    data = train.load_data(str(shards), model.config.block_size)
+    data = train.load_data(str(shards), model.config.block_size, model.config.vocab_size)
     losses = [model(*train.get_batch(data, "val", k, 1, model.config.block_size, 1337))[1].item() for k in range(2)]
     loss = float(re.search(r"^-- validation loss (\d+\.\d+) nats a token over 2 windows of 128 tokens", out, re.M)[1])
     assert loss == pytest.approx(sum(losses) / 2, abs=1e-4)

@@ -1,8 +1,10 @@
 """What the benchmarks share: the HF transformers model a user would pick instead, the machine's name,
 interleaved timing, and the GLA paper's per-device decode shapes (BENCH_SHAPES) with their inputs. transformers
 is a measuring stick here, not a dependency of the project."""
+import contextlib
 import importlib
 import importlib.util
+import io
 import pathlib
 import platform
 import statistics
@@ -15,6 +17,29 @@ import gla
 import train
 
 OUR_KERNELS = pathlib.Path(__file__).resolve().parents[1] / "kernels.py"
+
+
+class InputError(Exception):
+    """Bad input to a bench script, in its own flags or in train.py's that it passes on: one line to print."""
+
+
+def train_call(fn, *args):
+    """fn(*args), one of train.py's functions that end bad input in SystemExit (get_args, setup, model_config), that
+    input raised as InputError: its one line without the "train.py: " prefix, or argparse's without its usage block."""
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            return fn(*args)
+    except SystemExit as e:
+        if isinstance(e.code, str):
+            raise InputError(e.code.removeprefix("train.py: ")) from None
+        last = err.getvalue().strip().rpartition("\n")[2]
+        if e.code != 2 or not last.startswith("train.py: error: "):
+            raise
+        err = io.StringIO()  # argparse's usage block and its line: the InputError says it
+        raise InputError(last.removeprefix("train.py: error: ")) from None
+    finally:
+        sys.stderr.write(err.getvalue())  # anything else it printed
 
 
 def import_transformers():

@@ -314,7 +314,7 @@ def main(argv=None):
     try:
         for variant, double_heads in models:
             layer_config(variant, double_heads, args.tp)
-    except gla.ConfigError as e:
+    except AssertionError as e:  # what gla cannot build, one line
         p.error(str(e))
     if args.threads:
         torch.set_num_threads(args.threads)

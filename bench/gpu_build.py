@@ -132,11 +132,13 @@ def tools_dir():
 
 def launch(name, B, Lq, S, arch=DEFAULT_ARCH, device="meta"):
     """decode_attention's launch of a table shape for sm_<arch>'s SM count, (grid, args, meta), on meta tensors by
-    default; the autotuner's config is not in meta."""
+    default; the autotuner's config is not in meta. kernels.py takes the SM count of the GPU it launches on: we apply
+    its split rule to the target's, num_sms // (B x Hkv x head blocks), and pass the splits."""
     q, k_cache, v_cache, seqlens, qv = bench_inputs(name, B, S, Lq, torch.bfloat16, device, SHAPES)
     scale = kernels._default_scale(q.shape[3], v_cache.shape[3], qv)
-    grid, args, meta, _, _ = kernels._split_launch(q, k_cache, v_cache, seqlens, qv, scale, S,
-                                                   num_sms=TARGETS[arch].num_sms)
+    (head_blocks, _, units), *_ = kernels._split_launch(q, k_cache, v_cache, seqlens, qv, scale, S, num_splits=1)
+    num_splits = max(1, TARGETS[arch].num_sms // (units * head_blocks))  # units: B x Hkv
+    grid, args, meta, _, _ = kernels._split_launch(q, k_cache, v_cache, seqlens, qv, scale, S, num_splits)
     return grid, args, meta
 
 

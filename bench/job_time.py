@@ -19,7 +19,8 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # the repo
 import torch  # noqa: E402
 
 import train  # noqa: E402
-from bench.common import machine, matmul_gflops, time_models, training_flops_per_token  # noqa: E402
+from bench.common import (InputError, machine, matmul_gflops, time_models, train_call,  # noqa: E402
+                          training_flops_per_token)
 
 
 def minutes(seconds):
@@ -39,11 +40,11 @@ def main(argv=None):
     if ours.steps < 1:
         p.error(f"--steps must be >= 1, got {ours.steps}")
     try:
-        args = train.get_args(["--attn", "all", *train_flags])  # a later --attn wins
-        ctx = train.setup(args.device or "cpu", args.dtype)
+        args = train_call(train.get_args, ["--attn", "all", *train_flags])  # a later --attn wins
+        ctx = train_call(train.setup, args.device or "cpu", args.dtype)
         if ctx.device.type != "cpu":
-            raise train.Error("bench/job_time.py predicts a CPU job; drop --device")
-    except train.Error as e:
+            raise InputError("bench/job_time.py predicts a CPU job; drop --device")
+    except InputError as e:
         p.error(str(e))
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

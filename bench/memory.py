@@ -12,6 +12,7 @@ peak_bytes runs one training step (forward, backward, clipping, an AdamW step wh
 forward under PyTorch's MemTracker on fake tensors. MemTracker and FakeTensorMode are PyTorch internals
 (torch.distributed._tools, torch._subclasses) that a torch release may move.
 """
+import argparse
 import dataclasses
 import functools
 import json
@@ -26,6 +27,7 @@ import torch  # noqa: E402
 
 import gla  # noqa: E402
 import train  # noqa: E402
+from bench.common import InputError, train_call  # noqa: E402
 
 # Kept free for what fake tensors cannot see: allocator fragmentation, cuBLAS / NCCL / torch.compile workspaces.
 MEMORY_MARGIN = 0.10
@@ -108,7 +110,7 @@ def plan(args, world, device_gib=None):
     else:
         dtype = torch.bfloat16
     for variant, double_heads in train.models_of(args):
-        config = train.model_config(args, variant, double_heads)
+        config = train_call(train.model_config, args, variant, double_heads)
         with torch.device("meta"):  # parameters counted without memory
             n_params = gla.GPT(config).num_params()
         line = dict(run=train.run_name(variant, double_heads), attn=variant, double_heads=double_heads,
@@ -126,23 +128,30 @@ def plan(args, world, device_gib=None):
         yield line
 
 
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse whose errors raise InputError (one line) instead of printing its usage block."""
+
+    def error(self, message):
+        raise InputError(message)
+
+
 def main(argv=None):
-    p = train.ArgumentParser(prog="bench/memory.py", description=__doc__.split("\n\n")[0], allow_abbrev=False,
+    p = ArgumentParser(prog="bench/memory.py", description=__doc__.split("\n\n")[0], allow_abbrev=False,
                        epilog="Other flags are train.py's: --attn, --preset, --batch_size, --grad_accum, ...")
     p.add_argument("--world_size", type=int, default=int(os.environ.get("WORLD_SIZE", 1)),
                    help="processes (GPUs) to plan for (default: WORLD_SIZE, or 1)")
     p.add_argument("--device_memory", type=float, metavar="GIB", help="report the largest micro-batch for GIB GiB")
     try:
         own, rest = p.parse_known_args(argv)
-        args = train.get_args(rest)
+        args = train_call(train.get_args, rest)
         if own.world_size <= 0 or (own.device_memory is not None and own.device_memory <= 0):
-            raise train.Error("--world_size and --device_memory must be positive")
+            raise InputError("--world_size and --device_memory must be positive")
         if args.batch_size % (own.world_size * args.grad_accum):
-            raise train.Error(f"--batch_size {args.batch_size} does not split into {own.world_size} process(es) x "
-                              f"--grad_accum {args.grad_accum} micro-batches; pick a multiple")
+            raise InputError(f"--batch_size {args.batch_size} does not split into {own.world_size} process(es) x "
+                             f"--grad_accum {args.grad_accum} micro-batches; pick a multiple")
         for line in plan(args, own.world_size, own.device_memory):
             print(json.dumps(line), flush=True)
-    except train.Error as e:
+    except InputError as e:
         print(f"bench/memory.py: error: {e}", file=sys.stderr)
         return 2
     return 0

@@ -2,8 +2,9 @@
 
 python -m pytest -q    # from the repository root: this file and test_gla.py
 
-The product's modules (gla, kernels, plot, train) and test_gla's helpers are imported from the repository root, which
-pytest puts on sys.path (bench/ is a package); test_gla.py imports nothing from bench/.
+The product's modules (gla, kernels, plot, train) are imported from the repository root, which pytest puts on
+sys.path (bench/ is a package). The helpers below are small copies of test_gla.py's: neither test file imports the
+other.
 """
 
 import os
@@ -22,6 +23,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 import gla
@@ -30,12 +32,92 @@ import plot
 import train
 from bench import common, decode_cpu, gpu_build, gpu_check, job_time, replot, roofline, train_speed
 from bench import memory as memory_bench
-from test_gla import HERE, LABELS, PNG_MAGIC, REPO, VARIANTS, _run_main, _write_seeds, csv_rows, interpreter_only
-from test_gla import seeded  # noqa: F401 (test_gla's autouse fixture: it seeds torch before each test here too)
 
 # torch.compile's CPU backend imports torch.utils.mkldnn, which still uses the
 # deprecated torch.jit.script_method: torch's warning, not ours to act on.
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script_method`:DeprecationWarning")
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+HERE = str(REPO)
+VARIANTS = list(gla.VARIANTS)
+interpreter_only = pytest.mark.skipif(HAS_CUDA, reason="CPU tensors need the interpreter; CUDA: test_kernel_on_cuda")
+TEST_SEED = os.environ.get("GLA_TEST_SEED", "0")
+
+
+@pytest.fixture(autouse=True)
+def seeded():
+    """Seed torch before each test; pytest shows the seed of a failing test."""
+    seed = time.time_ns() % 2**31 if TEST_SEED == "random" else int(TEST_SEED)
+    torch.manual_seed(seed)
+    print(f"torch seed {seed}")
+
+
+# ----------------------------------------------------------------------------
+# Runs as train.py writes them, and plot.py's figure of them (for bench/replot.py)
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+LABELS = [plot.STYLE[v][0] for v in plot.VARIANTS]
+
+
+def _run_config(run, seed, **changes):
+    """config.json as train.py writes it for `run` (e.g. "mla_double_heads") at the tiny preset and `seed`, on bytes;
+    changes: {"part.key": value} set on top (e.g. {"train.learning_rate": 9e-3})."""
+    variant = run.removesuffix(plot.DOUBLE_SUFFIX)
+    model = dataclasses.asdict(gla.make_config("tiny", variant, double_heads=run.endswith(plot.DOUBLE_SUFFIX)))
+    train_spec = {"preset": "tiny", "max_iters": 400, "batch_size": 16, "grad_accum": 1, "learning_rate": 2e-3,
+                  "warmup_iters": 200, "weight_decay": 0.1, "grad_clip": 1.0, "eval_interval": 25,
+                  "eval_iters": 8, "seed": seed, "init": "coupled", "dtype": "float32"}
+    data = {"source": f"stdlib corpus (/somewhere/{run}/corpus.txt)", "tokenizer": "bytes",
+            "train_tokens": 1_871_702, "val_tokens": 207_967}
+    config = {"model": model, "train": train_spec, "data": data}
+    for key, value in changes.items():
+        part, name = key.split(".")
+        config[part][name] = value
+    return config
+
+
+def _write_seeds(out, seeds=(1337,), shifts=None, config=None):
+    """metrics.jsonl and config.json of both runs of each variant for each seed, as train.py writes them: a token
+    grid and losses whose dL differ (the last variant's has one dL < 0 and one dL == 0); the double-heads losses of
+    seed k lowered by shifts[k] (dL raised by it)."""
+    n = 9
+    tokens = np.arange(n) * 500_000
+    for k, seed in enumerate(seeds):
+        for i, v in enumerate(plot.VARIANTS):
+            delta = np.linspace(0.004 + 0.003 * i, 0.002 + 0.001 * i, n)
+            if v == plot.VARIANTS[-1]:
+                delta[3], delta[5] = -0.0015, 0.0
+            delta += shifts[k] if shifts else 0.0
+            base = 4.0 - 0.1 * np.arange(n) + 0.01 * i
+            for run, losses in ((v, base), (v + plot.DOUBLE_SUFFIX, base - delta)):
+                d = out / run / f"seed{seed}"
+                d.mkdir(parents=True, exist_ok=True)
+                rows = [{"iter": j, "tokens": int(t), "train_loss": float(x) + 0.1, "val_loss": float(x), "lr": 1e-4,
+                         "elapsed_s": float(j)} for j, (t, x) in enumerate(zip(tokens, losses))]
+                (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+                (d / "config.json").write_text(json.dumps(_run_config(run, seed, **(config or {}))))
+
+
+def _run_main(tmp_path, out):
+    """plot.py's command line on the runs in out: (its exit status, the PNG, the CSV beside it)."""
+    png = tmp_path / "fig" / "ablation.png"
+    rc = 0
+    try:
+        plot.main(["--out_dir", str(out), "--output", str(png)])
+    except SystemExit as e:
+        if isinstance(e.code, str):  # as Python does at the command line: the message on stderr, exit status 1
+            print(e.code, file=sys.stderr)
+            rc = 1
+        else:
+            rc = e.code or 0
+    return rc, png, png.with_suffix(".csv")
+
+
+def csv_rows(path):
+    import csv
+
+    with open(path) as f:
+        yield from csv.DictReader(f)
 
 
 # ----------------------------------------------------------------------------
@@ -89,7 +171,7 @@ def test_decode_bench_prints_machine_and_tables_without_transformers(monkeypatch
     assert "tiny, double heads," in out and heads == [2 * gla.make_config("tiny", "gla2").n_head]
     assert re.search(r"^\| gla2 \| 2 \| \d+ \| - \| - \|$", out, re.M)  # ours only: no HF columns
     assert re.search(r"^\| gla2 \| \d+\.\d\d \| \d+\.\d\d \| \d+\.\d \|$", out, re.M)  # step vs full forward
-    for bad, match in [(["--context_len", "1"], "--context_len must be >= 2"), (["--variants", "gla0"], "GLA-0"),
+    for bad, match in [(["--context_len", "1"], "--context_len must be >= 2"), (["--variants", "gla0"], "0 groups"),
                        (["--long_tokens", "0"], "--long_tokens must be >= 1")]:
         with pytest.raises(SystemExit):
             decode_cpu.main(bad)
@@ -508,7 +590,7 @@ def test_replot_redraws_a_figure_from_its_own_csv(tmp_path, capsys):
     _write_seeds(out, seeds=(1, 2, 3), shifts=(0.0, 0.003, -0.001))
     rc, png, csv = _run_main(tmp_path, out)
     assert rc == 0
-    assert plot.csv_text(*replot.read_csv_curves(csv)) == csv.read_bytes()
+    assert plot.csv_text(*replot.read_csv_curves(csv)).encode() == csv.read_bytes()
     again = tmp_path / "again.png"
     assert replot.main([str(csv), "--output", str(again)]) == 0
     assert again.read_bytes()[:8] == PNG_MAGIC and not again.with_suffix(".csv").exists()

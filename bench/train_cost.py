@@ -37,7 +37,7 @@ def main(argv=None):
     for variant, double_heads in [(v, d) for v in gla.VARIANTS for d in (False, True)]:
         args = train.get_args(["--attn", variant] + ["--double_heads"] * double_heads)
         config = train.model_config(args, variant, double_heads)
-        data = train.load_data(None, config.block_size)
+        data = train.load_data(None, config.block_size, config.vocab_size)
         torch.manual_seed(args.seed)
         model = gla.GPT(config)
         optimizer = train.make_optimizer(model, args)

@@ -22,8 +22,8 @@ import torch  # noqa: E402
 
 import gla  # noqa: E402
 import train  # noqa: E402
-from bench.common import (hf_twin, import_transformers, machine, matmul_gflops, time_interleaved,  # noqa: E402
-                          time_models, training_flops_per_token)
+from bench.common import (InputError, hf_twin, import_transformers, machine, matmul_gflops,  # noqa: E402
+                          time_interleaved, time_models, train_call, training_flops_per_token)
 
 SHAPES = ((16, 128), (8, 512))  # (sequences, tokens each) per training step
 STEPS, WARMUP = 6, 2
@@ -62,8 +62,8 @@ def main(argv=None):
     p.add_argument("--compile", action="store_true", help="torch.compile our models")
     args = p.parse_args(argv)
     try:
-        ctx = train.setup(args.device, args.dtype)  # train.py's device and dtype, checked the same way
-    except train.Error as e:
+        ctx = train_call(train.setup, args.device, args.dtype)  # train.py's device and dtype, checked the same way
+    except InputError as e:
         p.error(str(e))
     device = ctx.device
     try:
@@ -84,7 +84,7 @@ def main(argv=None):
             for batch, T in SHAPES:
                 try:
                     config = gla.make_config(args.preset, variant, double_heads, block_size=T, **shape)
-                except gla.ConfigError as e:
+                except AssertionError as e:  # what gla cannot build, one line
                     p.error(str(e))
                 x = torch.randint(config.vocab_size, (batch, T), device=device)
                 steps = {}

@@ -3,16 +3,12 @@
 - GQA (Ainslie et al. 2023, arXiv 2305.13245): n_kv_head key/value heads, each shared by n_head // n_kv_head query
   heads. Cache per token per layer: 2 * n_kv_head * head_dim.
 - MLA (DeepSeek-V2, arXiv 2405.04434, Sec. 2.1): keys and values rebuilt per head from ONE latent (kv_lora_rank),
-  plus ONE roped key shared by all heads (Sec. 2.1.3). Cache: kv_lora_rank + qk_rope_head_dim.
+  plus ONE roped key shared by all heads. Cache: kv_lora_rank + qk_rope_head_dim.
 - GLA-g (Zadouri, Strauss, Dao 2025, arXiv 2505.21487, Sec. 3.3): the latent split into g latent heads, each serving
-  n_head // g query heads. MLA's cache, but a head group reads kv_lora_rank / g latent dims, and g devices can each
-  hold one latent head. MLA is GLA-1: one class. VARIANTS are the double-heads ablation's (Liu et al. 2026).
+  n_head // g query heads: MLA's cache, but g devices can each hold one latent head. MLA is GLA-1: one class.
 
-Training runs the "naive" form (rebuild every head's K and V, then SDPA); a decode step the "absorbed" form through
-kernels.py (LatentAttention.forward derives it); shard_for_tp splits the model for tensor parallelism.
-
-Einsum letters: b batch, t position (queries; the cached keys in a prompt), g KV / latent head (group), h query head
-within its group (query head g * n_head / n_groups + h), d per-head feature, r latent dims of one latent head."""
+Einsum letters: b batch, t position, g KV / latent head (group), h query head within its group, d per-head feature,
+r latent dims of one latent head."""
 
 import hashlib
 import json
@@ -29,8 +25,7 @@ import torch.nn.functional as F
 
 from kernels import MAX_LQ, decode_attention, decode_attention_ref, decode_mask
 
-# ---- The config: presets, the paper's ratios, the MLP width rule -----------------------------------------------------
-ATTN_TYPES = ("gqa", "mla", "gla")
+# ---- The config: presets, the paper's ratios, the MLP width rule
 VARIANTS = ("gqa", "mla", "gla2")  # the double-heads ablation's three designs
 PRESETS = {  # model shapes: (n_layer, n_embd, head_dim, vocab_size, block_size)
     "tiny": (2, 256, 32, 256, 128),  # trains on 2 CPU cores in minutes
@@ -62,7 +57,7 @@ class GPTConfig:
     init_std: float = 0.02
 
     def __post_init__(self):
-        assert self.attn in ATTN_TYPES, f"attn {self.attn!r} is none of {ATTN_TYPES}"
+        assert self.attn in ("gqa", "mla", "gla"), f"unknown attn {self.attn!r}"
         assert self.n_head >= 1, "no query head: head_dim is wider than n_embd"
         assert self.ffn_hidden >= 1, f"{self.n_head} query heads leave the MLP no width: fewer heads or a wider n_embd"
         assert self.rope_dim % 2 == 0, f"RoPE rotates pairs, but the roped dims are {self.rope_dim}: an even head_dim"
@@ -84,8 +79,8 @@ class GPTConfig:
 
     @property
     def kv_cache_shapes(self):
-        """((Hk, Dk), (Hkv, Dv)) per token of a layer's k_cache, v_cache: GQA's roped K and V; MLA / GLA's ONE shared
-        roped key and, as "v", the normed, scaled latent (absorbed: value and non-rope key; DeepSeek-V2 Sec. 2.1)."""
+        """((Hk, Dk), (Hkv, Dv)) per token of a layer's k_cache, v_cache: GQA's roped K and V; MLA / GLA's one roped
+        key and the latent heads."""
         if self.attn == "gqa":
             return (self.n_kv_head, self.head_dim), (self.n_kv_head, self.head_dim)
         return (1, self.qk_rope_head_dim), (self.n_latent_heads, self.kv_lora_rank // self.n_latent_heads)
@@ -96,67 +91,48 @@ class GPTConfig:
         return sum(heads * dim for heads, dim in self.kv_cache_shapes)
 
 
-def _round8(x):
-    return int(math.floor(x / 8 + 0.5)) * 8
-
-
-def attention_params(config):
-    """Weights of one layer's attention of `config`, its RMSNorm gains included (counted on the meta device)."""
-    with torch.device("meta"):
-        return sum(p.numel() for p in ATTENTION[config.attn](config).parameters())
-
-
 def swiglu_width(config):
-    """The SwiGLU width giving attention + MLP the parameters of a reference MHA layer (4 n_embd^2 attention weights,
-    SwiGLU width 8/3 n_embd), Liu et al. 2026's rule: we count every weight of this attention, RMSNorm gains included,
-    and give the rest to the MLP. The release rounds to a multiple of 8 (the paper's widths exactly), which moves a
-    layer by up to 1 / n_embd of its weights: below n_embd 1024 we round to 1, so the two arms stay within 0.1%."""
-    width = (12 * config.n_embd**2 - attention_params(config)) / (3 * config.n_embd)
+    """Liu et al. 2026's rule: the SwiGLU width giving attention + MLP the parameters of a reference MHA layer
+    (4 n_embd^2 attention weights, SwiGLU width 8/3 n_embd). Rounded to a multiple of 8 (the paper's widths) from
+    n_embd 1024 on, below to 1."""
+    with torch.device("meta"):  # counted without memory, RMSNorm gains included
+        attention = sum(p.numel() for p in ATTENTION[config.attn](config).parameters())
+    width = (12 * config.n_embd**2 - attention) / (3 * config.n_embd)
     multiple = 8 if config.n_embd >= 1024 else 1
     return multiple * int(math.floor(width / multiple + 0.5))
 
 
-def make_config(preset="tiny", variant="gqa", double_heads=False, n_head=None, n_kv_head=None, n_layer=None,
-                n_embd=None, head_dim=None, kv_lora_rank=None, **overrides):
+def make_config(preset="tiny", variant="gqa", double_heads=False, n_head=None, n_embd=None, head_dim=None,
+                n_kv_head=None, kv_lora_rank=None, **overrides):
     """The GPTConfig of a preset and variant ("gqa", "mla" or "glaG", e.g. "gla2") with the ratios of Liu et al.
     2026's paper-scale configs at any width: n_embd // head_dim query heads, GQA groups of 4, q_lora_rank n_embd / 2
-    (MLA) or n_embd / 3 (GLA), kv_lora_rank 4 head_dim (all latent heads together), qk_rope head_dim / 2, qk_nope =
-    v = head_dim. double_heads doubles the query heads and nothing of the cache; the width rule shrinks the MLP. The
-    keywords replace the preset's values (n_kv_head: GQA only; kv_lora_rank: MLA / GLA only)."""
+    (MLA) or n_embd / 3 (GLA), kv_lora_rank 4 head_dim, qk_rope head_dim / 2, qk_nope = v = head_dim. double_heads
+    doubles the query heads and nothing of the cache. Keywords replace the preset's values."""
     m = re.fullmatch(r"(gqa|mla|gla)(\d*)", variant)
     assert m and (m[1] == "gla" or not m[2]), f"unknown attention variant {variant!r}: gqa, mla or glaG (e.g. gla2)"
-    shape = PRESETS[preset]
-    if n_layer is None:
-        n_layer = shape[0]
-    if n_embd is None:
-        n_embd = shape[1]
-    if head_dim is None:
-        head_dim = shape[2]
-    if n_head is None:
-        n_head = n_embd // head_dim
-    fields = dict(n_layer=n_layer, n_embd=n_embd, vocab_size=shape[3], block_size=shape[4], attn=m[1])
+    n_layer, preset_embd, preset_head_dim, vocab_size, block_size = PRESETS[preset]
+    n_embd = n_embd or preset_embd
+    head_dim = head_dim or preset_head_dim
+    n_head = n_head or n_embd // head_dim
+    fields = dict(n_layer=n_layer, n_embd=n_embd, vocab_size=vocab_size, block_size=block_size, attn=m[1],
+                  n_head=2 * n_head if double_heads else n_head)
     if m[1] == "gqa":
-        if n_kv_head is None:
-            n_kv_head = max(n_head // 4, 1)
-        fields.update(head_dim=head_dim, n_kv_head=n_kv_head)
+        fields.update(head_dim=head_dim, n_kv_head=n_kv_head or max(n_head // 4, 1))
     else:
-        if kv_lora_rank is None:
-            kv_lora_rank = 4 * head_dim
-        fields.update(q_lora_rank=n_embd // 2 if m[1] == "mla" else _round8(n_embd / 3), kv_lora_rank=kv_lora_rank,
-                      qk_nope_head_dim=head_dim, qk_rope_head_dim=head_dim // 2, v_head_dim=head_dim,
+        fields.update(q_lora_rank=n_embd // 2 if m[1] == "mla" else 8 * int(math.floor(n_embd / 24 + 0.5)),
+                      kv_lora_rank=kv_lora_rank or 4 * head_dim, qk_nope_head_dim=head_dim,
+                      qk_rope_head_dim=head_dim // 2, v_head_dim=head_dim,
                       n_latent_heads=int(m[2] or 2) if m[1] == "gla" else 1)
-    fields["n_head"] = 2 * n_head if double_heads else n_head
     fields.update(overrides)
     if "ffn_hidden" not in fields:  # the width rule counts the attention only
         fields["ffn_hidden"] = swiglu_width(GPTConfig(**fields))
     return GPTConfig(**fields)
 
 
-# ---- Shared pieces: RoPE, causal attention, SwiGLU -------------------------------------------------------------------
+# ---- Shared pieces: RoPE, causal attention, SwiGLU
 def rope_cos_sin(positions, dim, theta):
     """RoPE angles (Su et al. 2021, RoFormer, Sec. 3.4) of positions (B or 1, T) int64: cos and the signed sin,
-    (B or 1, T, 1, dim) float32: cos of angle i at i and i + dim/2, -sin at i, +sin at i + dim/2. Pair i is
-    (i, i + dim/2), the GPT-NeoX / Llama layout."""
+    (B or 1, T, 1, dim) float32, pair i being (i, i + dim/2), the GPT-NeoX / Llama layout."""
     inv_freq = torch.pow(theta, -torch.arange(0, dim, 2, device=positions.device, dtype=torch.float32) / dim)
     angles = positions.float()[..., None] * inv_freq  # (B, T, dim/2)
     cos, sin = angles.cos(), angles.sin()
@@ -172,8 +148,8 @@ def apply_rope(x, cos, sin):
 
 def causal_attention(q, k, v, softmax_scale=None, attn_mask=None):
     """Causal softmax attention through SDPA: q (B, T, H, Dqk), k (B, S, Hkv, Dqk), v (B, S, Hkv, Dv) -> (B, T, H, Dv);
-    query head h reads KV head h // (H // Hkv). attn_mask: None (causal) or additive (B, 1, T, S). SDPA's fused
-    kernels need Dv == Dqk (MLA: 192-dim keys, 128-dim values), so we zero-pad the narrower side and cut the output."""
+    attn_mask: None (causal) or additive (B, 1, T, S). SDPA's fused kernels need Dv == Dqk (MLA: 192-dim keys,
+    128-dim values): we zero-pad the narrower side."""
     dqk, dv = q.size(-1), v.size(-1)
     scale = softmax_scale if softmax_scale is not None else dqk**-0.5
     if dv < dqk:
@@ -197,11 +173,10 @@ class SwiGLU(nn.Module):
         return self.w3(F.silu(self.w1(x)) * self.w2(x))
 
 
-# ---- The attention designs take x (B, T, n_embd) and the RoPE angles; to decode, also the new tokens' positions -----
+# ---- The attention designs take x (B, T, n_embd) and the RoPE angles; to decode, also the new tokens' positions
 # (B, T) and max_seqlen, a host-side bound on the cache's length with them (None: training, no cache).
 def uses_decode_kernel(positions, max_seqlen):
-    """Up to MAX_LQ new tokens after cached ones attend through the decode kernel (MLA / GLA: absorbed); a prompt, or
-    a longer chunk, through SDPA."""
+    """Up to MAX_LQ new tokens after cached ones go through the decode kernel; a prompt or a longer chunk, SDPA."""
     return positions.shape[1] <= MAX_LQ and max_seqlen > positions.shape[1]
 
 
@@ -245,8 +220,7 @@ class LatentAttention(nn.Module):
       keys/values: x -> wkv_a -> [c (g x r) | k_rope (qk_rope_head_dim)]; each latent head c_j has its own
                RMSNorm and * sqrt(n_embd / r); k_rope is ONE roped head for all; query head h = (j, k)
                up-projects c_j with wkv_b[j, k] into [k_nope (qk_nope_head_dim) | v (v_head_dim)].
-      scores: [q_nope | q_rope] . [k_nope | k_rope] / sqrt(qk_nope_head_dim + qk_rope_head_dim).
-    Cache: c and k_rope, kv_lora_rank + qk_rope_head_dim per token per layer for any g."""
+      scores: [q_nope | q_rope] . [k_nope | k_rope] / sqrt(qk_nope_head_dim + qk_rope_head_dim)."""
     def __init__(self, config):
         super().__init__()
         c = config
@@ -256,8 +230,7 @@ class LatentAttention(nn.Module):
         self.nope_dim = c.qk_nope_head_dim
         self.rope_dim = c.qk_rope_head_dim
         self.v_dim = c.v_head_dim
-        # The latents are scaled by sqrt(n_embd / rank) after their RMSNorm, as Liu et al.'s MLRA release does
-        # (DeepSeek-V2 has no such scale): a normalised rank-r vector then has the norm of an n_embd-wide one.
+        # Latents scaled by sqrt(n_embd / rank) after their RMSNorm, as the MLRA release (not DeepSeek-V2) does.
         self.q_scale = math.sqrt(c.n_embd / c.q_lora_rank)
         self.kv_scale = math.sqrt(c.n_embd / self.r)
         self.softmax_scale = 1.0 / math.sqrt(self.nope_dim + self.rope_dim)
@@ -326,11 +299,11 @@ class Block(nn.Module):
         return x + self.mlp(self.mlp_norm(x))
 
 
-# ---- The decode cache ------------------------------------------------------------------------------------------------
+# ---- The decode cache
 class KVCache(nn.Module):
     """One layer's decode cache, preallocated and written in place as in gpt-fast: the same shapes every step.
-    k_cache (B, Hk, S, Dk): GQA's roped keys, or MLA / GLA's one shared roped key; v_cache (B, Hkv, S, Dv): GQA's
-    values, or the latent heads. Head-major, each head's cache read in one run; the kernels take (B, S, H, D) views."""
+    k_cache (B, Hk, S, Dk) and v_cache (B, Hkv, S, Dv) (GPTConfig.kv_cache_shapes), head-major: each head's cache is
+    read in one run; the kernels take (B, S, H, D) views."""
     def __init__(self, batch_size, max_seq_len, k_shape, v_shape, device=None, dtype=None):
         super().__init__()
         for name, (heads, dim) in ("k_cache", k_shape), ("v_cache", v_shape):
@@ -344,15 +317,15 @@ class KVCache(nn.Module):
         self.v_cache.transpose(1, 2).index_put_(at, v.to(self.v_cache.dtype))
 
     def prefix(self, positions, max_seqlen, dtype):
-        """What new tokens at positions (B, Lq) attend over through SDPA: the first max_seqlen cached tokens in dtype,
-        k (B, S, Hk, Dk) and v (B, S, Hkv, Dv), and the mask (B, 1, Lq, S) up to each one's position (None: causal)."""
+        """The first max_seqlen cached tokens, k (B, S, Hk, Dk) and v (B, S, Hkv, Dv) in dtype, and the mask
+        (B, 1, Lq, S) of new tokens at positions (B, Lq) (None: causal)."""
         k, v = (c[:, :, :max_seqlen].transpose(1, 2).to(dtype) for c in (self.k_cache, self.v_cache))
         mask = None if max_seqlen == positions.shape[1] else decode_mask(positions, max_seqlen)
         return k, v, mask
 
     def attend(self, q, positions, max_seqlen, qv=None, softmax_scale=None):
         """Decode attention of new tokens at positions (B, Lq): q (B, Lq, Hq, Dk) (and qv) over the cache, the new
-        ones included -> (B, Lq, Hq, Dv). The Triton kernel on CUDA, else its PyTorch reference."""
+        ones included -> (B, Lq, Hq, Dv)."""
         dtype = self.k_cache.dtype  # in the cache's dtype (autocast may have made q bf16)
         seqlens = (positions[:, -1] + 1).to(torch.int32)  # cached tokens, the new ones written: cache_seqlens
         args = (q.to(dtype), self.k_cache.transpose(1, 2), self.v_cache.transpose(1, 2), seqlens,
@@ -361,13 +334,13 @@ class KVCache(nn.Module):
         return kernel(*args, max_seqlen=max_seqlen).to(q.dtype)
 
 
-# ---- The model: training forward, decode, generate -------------------------------------------------------------------
+# ---- The model: training forward, decode, generate
 ZERO_INIT = ("attn.wo.weight", "mlp.w3.weight")  # output projections start at zero: each block is the identity
 
 
 class GPT(nn.Module):
     """Decoder-only transformer as in Liu et al. 2026's ablation: tied embeddings, no biases, pre-norm RMSNorm, SwiGLU,
-    RoPE. Init: every weight N(0, init_std), the output projections zero, RMSNorm gains one."""
+    RoPE."""
     def __init__(self, config):
         super().__init__()
         self.config = config
@@ -384,9 +357,9 @@ class GPT(nn.Module):
 
     def couple_init(self, seed, twin):
         """Redraw every N(0, init_std) weight for common random numbers with the model of GPTConfig `twin` (the other
-        arm of a double-heads pair): weight `name` is drawn from a stream keyed by (seed, name) at the larger of its
-        two shapes, and keeps the leading slice. So each weight stays N(0, init_std), and what the arms share (the
-        embedding, the KV or latent projections, the leading rows of the others) starts equal."""
+        arm of a double-heads pair): weight `name` is drawn at the larger of its two shapes from a stream keyed by
+        (seed, name) and keeps the leading slice, so what the arms share (the embedding, the KV or latent
+        projections, the leading rows of the others) starts equal."""
         with torch.device("meta"):
             other = dict(GPT(twin).named_parameters())
         for name, p in self.named_parameters():
@@ -420,8 +393,7 @@ class GPT(nn.Module):
         return logits, loss
 
     def setup_cache(self, batch_size, max_seq_len=None, dtype=None):
-        """Allocate every layer's KVCache: batch_size sequences of up to max_seq_len tokens (default block_size), in
-        dtype (default the model's)."""
+        """Allocate every layer's KVCache: batch_size sequences of up to max_seq_len tokens (default block_size)."""
         p = self.tok_emb.weight
         if dtype is None:
             dtype = p.dtype
@@ -434,7 +406,7 @@ class GPT(nn.Module):
     def decode(self, idx, cache_seqlens, *, max_seqlen=None):
         """Run Lq new tokens idx (B, Lq) int64 after cache_seqlens (B,) int32 cached tokens each (ragged batches
         welcome), write them into the cache and return their logits (B, Lq, vocab_size). max_seqlen: a host-side
-        bound on max(cache_seqlens) + Lq; given, nothing waits for the GPU, so a step compiles whole."""
+        bound on max(cache_seqlens) + Lq (given, nothing waits for the GPU)."""
         cache = self.blocks[0].attn.cache
         assert cache is not None, "call setup_cache first"
         Lq = idx.shape[1]
@@ -448,7 +420,7 @@ class GPT(nn.Module):
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, compile=False):
         """Sample max_new_tokens after the prompts idx (B, T) int64 -> (B, T + max_new_tokens) int64: a prefill, then a
         cached decode step per token (temperature, top_k as in `sample`); compile=True compiles the step (static
-        shapes: the cache's capacity as bound). As forward, we stop at block_size: later positions were never trained."""
+        shapes). As forward, we stop at block_size."""
         B, T = idx.shape
         S = T + max_new_tokens
         assert S <= self.config.block_size, f"{S} tokens, but block_size is {self.config.block_size}"
@@ -469,8 +441,8 @@ class GPT(nn.Module):
 
     @classmethod
     def from_pretrained(cls, path, dtype=None):
-        """The GPT of a folder of Liu et al. 2026's release (GQA, MLA or GLA-2; see RELEASE_MODEL), in dtype (None:
-        float32, as saved: its parameters are then the files' memory-mapped pages)."""
+        """The GPT of a folder of Liu et al. 2026's release (GQA, MLA or GLA-2), in dtype (None: float32, as saved,
+        memory-mapped)."""
         path = pathlib.Path(path)
         saved = json.loads((path / "config.json").read_text())
         files = sorted(path.glob("pytorch_model*.bin"))  # one file, or shards -00001-of-0000n, ...: in order
@@ -518,8 +490,8 @@ def sample(logits, temperature=1.0, top_k=None):
     """Next token ids (B,) int64 from logits (B, vocab_size): argmax at temperature 0, else a draw from
     softmax(logits / temperature) over the top_k likeliest (None or 0: all).
 
-    We divide logits - max by the temperature, in float64: the likeliest token's scaled logit is then 0, so a tiny
-    temperature (1e-40) leaves the likeliest tokens where logits / temperature would overflow and softmax give NaN.
+    logits - max is divided in float64: the likeliest stays at 0, and a tiny temperature (1e-40) sends the rest to
+    -inf, never softmax to NaN.
     The draw is gpt-fast's: argmax_i p_i / E_i with E_i ~ Exponential(1). E_i / p_i is an exponential wait of rate
     p_i, and the shortest of such waits is token i's with probability p_i: torch.multinomial's draw, without waiting
     for the GPU."""
@@ -535,9 +507,9 @@ def sample(logits, temperature=1.0, top_k=None):
     return (probs / torch.empty_like(probs).exponential_(1)).argmax(dim=-1)
 
 
-# ---- The checkpoints of Liu et al. 2026's release (github.com/SongtaoLiu0823/MLRA; on the Hub: Soughing/MLRA) ---
-# transformers' save_pretrained writes config.json and float32 pytorch_model*.bin. Its math is ours, to float32
-# rounding (its RoPE frequencies, 1 / theta^(2i/d), are our theta^(-2i/d) but for the last bit). Its names and ours:
+# ---- The checkpoints of Liu et al. 2026's release (github.com/SongtaoLiu0823/MLRA; on the Hub: Soughing/MLRA)
+# transformers' save_pretrained writes config.json and float32 pytorch_model*.bin; its math is ours to float32
+# rounding. Its names and ours:
 RELEASE_MODEL = {"transformer.wte": "tok_emb", "layernorm": "norm"}
 RELEASE_BLOCK = {  # under transformer.h.{i}. and blocks.{i}.
     "input_layernorm": "attn_norm",
@@ -558,12 +530,10 @@ RELEASE_ATTENTION = {
 }
 
 
-# ---- Tensor-parallel decode, Megatron-style (Shoeybi et al. 2019, arXiv 1909.08053, Sec. 3) ------------------------
-# Each of tp ranks holds a slice of every layer and computes a partial sum of the attention and MLP outputs; an
-# all-reduce after each adds them up. Query heads and MLP columns are split (wq, wq_b, wkv_b, w1, w2 by outputs, wo and
-# w3 by inputs); the KV or latent heads go with the query heads that read them (wk, wv; wkv_a and kv_norm), and the
-# rest is replicated. That is GLA's argument (Zadouri et al. 2025, Sec. 3.3): at tp 2 each rank of GLA-2 caches one
-# latent head and the rope key, 320 of the 576 elements per token and layer; MLA's one latent sits whole on both.
+# ---- Tensor-parallel decode, Megatron-style (Shoeybi et al. 2019, arXiv 1909.08053, Sec. 3)
+# Query heads and MLP columns are split across ranks, the KV or latent heads go with the query heads that read them,
+# the rest is replicated. That is GLA's argument (Zadouri et al. 2025, Sec. 3.3): at tp 2 each rank of GLA-2 caches
+# one latent head and the rope key, 320 of the 576 elements per token and layer; MLA's one latent sits whole on both.
 class TPShare(NamedTuple):
     """What a rank holds: its config, and its ranges of the full model's query heads, groups and MLP columns."""
     config: GPTConfig
@@ -573,8 +543,8 @@ class TPShare(NamedTuple):
 
 
 def tp_share(config, rank, tp):
-    """The TPShare of rank of tp: n_head / tp query heads, about ffn_hidden / tp MLP columns (partial sums need no
-    equal parts); the KV / latent heads split when tp divides them, shared when tp is a multiple."""
+    """The TPShare of rank of tp: n_head / tp query heads, about ffn_hidden / tp MLP columns; the KV / latent heads
+    split when tp divides them, shared when tp is a multiple."""
     g = config.n_groups
     assert config.n_head % tp == 0 and (g % tp == 0 or tp % g == 0), \
         f"{tp} processes must divide the {config.n_head} query heads, and divide the {g} groups or be a multiple"
@@ -602,9 +572,8 @@ def _all_reduce_output(module, args, output):
 
 
 def shard_for_tp(model, rank, tp):
-    """Turn a full GPT (weights loaded) into rank's tp-way shard, in place, and return it. model.config becomes the
-    shard's, so setup_cache allocates this rank's cache only; an all-reduce hooks onto every attention and MLP output
-    (initialise torch.distributed first)."""
+    """Turn a full GPT (weights loaded) into rank's tp-way shard, in place: model.config becomes the shard's, and an
+    all-reduce sums the partial attention and MLP outputs of the ranks (initialise torch.distributed first)."""
     full = model.config
     share = tp_share(full, rank, tp)
     for block in model.blocks:

@@ -7,9 +7,6 @@ interface of FA3's `flash_attn_with_kvcache(q, k_cache, v_cache, qv=..., cache_s
     MLA   : the absorbed decode of DeepSeek-V2 (arXiv 2405.04434, Sec. 2.1): the latent c (Dv = 512) is the value
             AND the non-rope key, scores = q . k_rope + qv . c, one "KV head" (Hkv = Hk = 1) for every query head.
     GLA-2 : two latent heads of 256 (Hkv = 2), each shared by half of the query heads, and one rope key (Hk = 1).
-
-The kernel splits each cached sequence into slices, as Flash-Decoding does (Dao et al. 2023), so that a small batch
-has enough programs for every SM; a second kernel combines the slices.
 """
 import math
 from contextlib import nullcontext
@@ -43,9 +40,8 @@ def decode_attention_ref(q, k_cache, v_cache, cache_seqlens, qv=None, softmax_sc
     """Decode attention through SDPA in float32: the kernel's oracle, and the model's decode path on a CPU. Arguments
     and result as decode_attention's, but cache slots past cache_seqlens must hold finite values (zero-weighted).
 
-    As in the kernel's tile, the G = Hq // Hkv query heads of a group (h = g * G + k reads value head g) and the Lq
-    new tokens are the rows of one query: SDPA runs Hkv heads of G x Lq rows over the cache, on a CPU faster than Hq
-    heads of Lq rows. MLA / GLA: the latent is SDPA's key and value; the rope scores q . k_rope enter as its mask."""
+    As in the kernel's tile, a group's G = Hq // Hkv query heads times the Lq new tokens are the rows of one SDPA head.
+    MLA / GLA: the latent is SDPA's key and value; the rope scores q . k_rope enter as its mask."""
     S = int(cache_seqlens.max()) if max_seqlen is None else max_seqlen  # the cache's valid prefix
     B, Lq, Hq, Dk = q.shape
     Hk, Hkv, Dv = k_cache.shape[2], v_cache.shape[2], v_cache.shape[3]
@@ -64,18 +60,16 @@ def decode_attention_ref(q, k_cache, v_cache, cache_seqlens, qv=None, softmax_sc
         query, key = rows(q), k.expand(B, Hkv, S, Dk)  # a view: one shared key head serves every group
     else:  # scores = q . k_rope + qv . c: the latent is also the non-rope key
         query, key = rows(qv), v
-        # One product per key head for all its query heads: the shared rope key (Hk = 1) is read once, not copied
-        # per group. Rows (B, Hk, Hq / Hk * Lq, S) are (B, Hkv, G * Lq, S) grouped by value head.
+        # One product for all query heads: the shared rope key (Hk = 1) is read once, not copied per group.
         q_rows = (q.float() * scale).transpose(1, 2).reshape(B, Hk, -1, Dk)
         mask = torch.matmul(q_rows, k.transpose(2, 3)).view(B, Hkv, G * Lq, S).add_(mask)
     out = F.scaled_dot_product_attention(query, key, v, attn_mask=mask, scale=scale)  # (B, Hkv, G * Lq, Dv)
     return out.view(B, Hq, Lq, Dv).transpose(1, 2).to(q.dtype)  # (B, Lq, Hq, Dv)
 
 
-# ----------------------------------------------------------------------------
-# The Triton kernel: split-KV ("flash decoding"). Each program takes the query heads of one KV / latent head group
-# (or a block of them) and all Lq new tokens as the rows of one tile, over one slice of the cached sequence, with
-# FlashAttention's online softmax; a second kernel combines the slices by their log-sum-exps.
+# ---- The Triton kernel: split-KV (Flash-Decoding, Dao et al. 2023). Each program takes the query heads of one KV /
+# latent head group (or a block of them) and all Lq new tokens as the rows of one tile, over one slice of the cached
+# sequence, with FlashAttention's online softmax; a second kernel combines the slices by their log-sum-exps.
 
 if triton is not None:
 
@@ -89,10 +83,8 @@ if triton is not None:
         LQ_BLOCK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DK: tl.constexpr,
         BLOCK_DV: tl.constexpr, HAS_QV: tl.constexpr, PRECISION: tl.constexpr,
     ):
-        # One program: heads [hb * heads_per_block, (hb + 1) * heads_per_block) of group g,
-        # all Lq new tokens, cache positions [split * split_len, (split + 1) * split_len).
-        # Each head takes LQ_BLOCK (Lq rounded up to a power of two) rows: Lq up to MAX_LQ
-        # compiles at most 5 variants, and r // LQ_BLOCK is a shift, not a division.
+        # One program: a block of group g's heads, all Lq new tokens, one split of the cache. Each head takes
+        # LQ_BLOCK (Lq rounded up to a power of two) rows: at most 5 variants, and r // LQ_BLOCK is a shift.
         hb = tl.program_id(0)
         split = tl.program_id(1)
         bg = tl.program_id(2).to(tl.int64)  # int64: offsets reach 2^31 at 32 sequences x 128K tokens x 512 dims
@@ -124,8 +116,7 @@ if triton is not None:
         acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
         for n0 in range(start, end, BLOCK_N):
             pos = n0 + tl.arange(0, BLOCK_N)  # int32 in the masks, int64 in the offsets
-            # Mask past the split's end: the loads (even V's: 0 * NaN garbage would poison acc) and the scores (a
-            # split's length need not be a multiple of BLOCK_N, which the autotuner picks).
+            # Mask past the split's end: the loads (even V's: 0 * NaN garbage would poison acc) and the scores.
             pos_ok = pos < end
             k = tl.load(k_base + pos[:, None].to(tl.int64) * stride_ks + dk[None, :],
                         mask=pos_ok[:, None] & dk_ok[None, :], other=0.0)
@@ -175,17 +166,14 @@ if triton is not None:
                      out.to(OUT.dtype.element_ty), mask=d < Dv)
 
 
-# ----------------------------------------------------------------------------
-# The launch choice. Triton's autotuner picks the K/V tile length, pipeline stages and warps among CONFIGS, timing
-# each on the first call of each tile shape. We choose the grid: head blocks, so that the float32 accumulator
-# (rows x Dv) stays in registers, and split counts, so that a small batch fills the SMs.
+# ---- The launch choice. The autotuner picks the tile length, stages and warps among CONFIGS; we choose the grid:
+# head blocks, so that the float32 accumulator (rows x Dv) stays in registers, and splits, so that a small batch
+# fills the SMs.
 
 if triton is not None:
-    # K/V tiles of 32 or 64 tokens; 2 stages (no load in flight, the least shared memory) to 4.
     CONFIGS = [triton.Config({"BLOCK_N": n}, num_warps=4, num_stages=s)
                for n, s in ((32, 2), (32, 3), (32, 4), (64, 3))]
-    # Keyed by the tile's shape, not the cache length (it grows every decode step). In Triton's interpreter
-    # (TRITON_INTERPRET=1, the CPU tests) timing configs is slow and means nothing: the first runs.
+    # Keyed by the tile's shape, not the cache length (it grows every step); the interpreter takes the first config.
     _decode_split_kernel = triton.autotune(CONFIGS[:1] if triton.knobs.runtime.interpret else CONFIGS,
                                            key=["BLOCK_M", "BLOCK_DK", "BLOCK_DV", "HAS_QV"])(_split_kernel)
 # A program's float32 accumulator, rows x Dv: 8192 elements are 64 registers a thread at 4 warps. The paper's MLA with
@@ -211,8 +199,7 @@ def _split_launch(q, k_cache, v_cache, cache_seqlens, qv, scale, max_len, num_sp
         num_splits = max(1, num_sms // (B * Hkv * n_head_blocks))
     split_len = triton.cdiv(triton.cdiv(max_len, num_splits), SPLIT_ALIGN) * SPLIT_ALIGN
     n_splits = triton.cdiv(max_len, split_len)
-    # Partial outputs in the inputs' dtype (bf16 halves their traffic; the log-sum-exps that weigh them stay
-    # float32), float32 for float32 inputs.
+    # Partial outputs in the inputs' dtype (bf16 halves their traffic); their log-sum-exps in float32.
     o_part = torch.empty(B, Lq, Hq, n_splits, Dv, dtype=q.dtype, device=q.device)
     lse_part = torch.empty(B, Lq, Hq, n_splits, dtype=torch.float32, device=q.device)
     qv_arg = q if qv is None else qv  # any tensor: HAS_QV=False never reads it
@@ -226,10 +213,6 @@ def _split_launch(q, k_cache, v_cache, cache_seqlens, qv, scale, max_len, num_sp
     return (n_head_blocks, n_splits, B * Hkv), args, meta, o_part, lse_part
 
 
-# ----------------------------------------------------------------------------
-# The wrapper: FA3's interface over the two kernels.
-
-
 def decode_attention(q, k_cache, v_cache, cache_seqlens, qv=None, softmax_scale=None, *, max_seqlen=None,
                      num_splits=None):
     """Decode attention over a KV cache with the Triton split-KV kernel, FA3's `flash_attn_with_kvcache` semantics.
@@ -238,9 +221,7 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, qv=None, softmax_scale=
     (B, S, Hk, Dk), Hk in {1, Hkv}: keys (MLA / GLA: the rope key); v_cache (B, S, Hkv, Dv): values (the latent);
     qv (B, Lq, Hq, Dv) or None: the absorbed query, adds qv . v to the scores; cache_seqlens (B,) int32: valid cached
     tokens, the new ones included (causal among themselves). Query head h uses value head h // (Hq // Hkv).
-    softmax_scale: 1/sqrt(Dk + Dv) with qv, else 1/sqrt(Dk). max_seqlen: a host-side bound on cache_seqlens (given,
-    nothing waits for the GPU); num_splits: slices per sequence (None: enough to fill the GPU). Returns (B, Lq, Hq,
-    Dv) in q's dtype, accumulated in float32."""
+    max_seqlen: a host-side bound on cache_seqlens; num_splits: slices per sequence (None: enough to fill the GPU)."""
     B, Lq, Hq, Dk = q.shape
     S, Hk = k_cache.shape[1:3]
     Hkv, Dv = v_cache.shape[2:]

@@ -1,15 +1,10 @@
 """Plot the double-heads ablation of Liu et al., "Multi-Head Low-Rank Attention", ICLR 2026 (arXiv 2603.02188).
 
-For each variant (GQA, MLA, GLA-2) train.py trains a baseline and a "double heads" model with twice the query heads,
-the same KV cache and the same parameters. At equal training tokens t,
-
-    dL(t) = L_val(baseline, t) - L_val(double heads, t)
-
-and above zero, doubling the heads helped. Each baseline run <out_dir>/<run>/seed<seed>/ is paired with the
-double-heads run of its seed: both read the same batches, so the data's noise cancels in their difference. The
-figure draws each pair's dL, their mean and its 95% t interval; a CSV of the values is written beside it.
-
-Usage: python plot.py [--out_dir out] [--output double_heads_ablation.png]
+For each variant train.py trains a baseline and a model with twice the query heads (same KV cache and parameters).
+At equal training tokens t, dL(t) = L_val(baseline, t) - L_val(double heads, t): above zero, doubling the heads
+helped. Each baseline run <out_dir>/<run>/seed<seed>/ is paired with the double-heads run of its seed: both read the
+same batches, so the data's noise cancels in their difference. The figure draws each pair's dL, their mean and its
+95% t interval; a CSV of the values is written beside it.
 """
 import argparse
 import csv
@@ -38,9 +33,8 @@ CSV_COLUMNS = ["variant", "tokens", "n_seeds", "unit", "setting", "val_loss_base
 # The fields the two arms of a pair differ in: doubling n_head, the width rule shrinks ffn_hidden.
 ARMS_MAY_DIFFER = ("n_head", "ffn_hidden")
 
-# The paper's dL over training: every variant between about +0.002 and +0.01 nats per GPT-2 token (Liu et al. 2026,
-# the double-heads ablation figure). On bytes (train.py's default data) the band is converted at 4.35 bytes a GPT-2
-# token of English prose: a conversion, not a measurement on the paper's data.
+# The paper's dL over training: +0.002 to +0.01 nats per GPT-2 token for every variant (Liu et al. 2026). On bytes the
+# band is converted at 4.35 bytes a GPT-2 token of English prose, not measured.
 PAPER_DL_PER_TOKEN = (0.002, 0.01)
 BYTES_PER_GPT2_TOKEN = 4.35
 # t(0.975, df), the two-sided 95% quantile of Student's t for df 1-30 (n_seeds - 1), as in the standard tables
@@ -67,8 +61,8 @@ def ci95(values):
 
 
 class Curve:
-    """dL of one variant over its paired seeds. tokens (n,) int64; delta (n_seeds, n): each seed's dL; base, double
-    (n,): the mean validation losses; mean, low, high (n,): dL's mean over seeds and its 95% t interval."""
+    """dL of one variant: delta (n_seeds, n), each seed's dL at tokens (n,); base, double: the mean validation losses;
+    mean, low, high: dL's mean and its 95% t interval."""
 
     def __init__(self, seeds, tokens, base, double, delta):
         self.seeds = list(seeds)
@@ -140,8 +134,7 @@ def curves_from_runs(out_dir):
             curves[label] = Curve([seed for seed, _ in pairs], tokens, losses[..., 0].mean(0), losses[..., 1].mean(0),
                                   losses[..., 0] - losses[..., 1])
     if not curves:
-        raise SystemExit(f"plot.py: no seed in {out_dir!r} has a baseline and a {DOUBLE_SUFFIX} run that pair up "
-                         "(each needs <run>/seed<seed>/config.json and metrics.jsonl)")
+        raise SystemExit(f"plot.py: no seed in {out_dir!r} has a baseline and a {DOUBLE_SUFFIX} run that pair up")
     return curves, figure_unit, setting_text(reference)
 
 
@@ -166,7 +159,7 @@ def variant_label(label, curve):
 
 def plot(curves, unit, setting, path):
     """Draw {label: Curve} as a PNG into `path` (a file name or a binary file): the whole run, its last half, and the
-    final dL of each variant (its seeds, their mean and its 95% t interval), on linear axes."""
+    final dL of each variant."""
     import matplotlib  # here, not at the top: a bad --out_dir fails fast
 
     matplotlib.use("Agg")  # files only, never a display
@@ -243,12 +236,9 @@ def csv_text(curves, unit, setting):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out_dir", default="out", help="folder holding one subfolder per run (default: out)")
-    p.add_argument("--output", default="double_heads_ablation.png",
-                   help="PNG to write, with its CSV beside it (default: double_heads_ablation.png)")
+    p.add_argument("--out_dir", default="out")
+    p.add_argument("--output", default="double_heads_ablation.png", help="the PNG; its CSV goes beside it")
     args = p.parse_args(argv)
-    if not os.path.isdir(args.out_dir):
-        raise SystemExit(f"plot.py: --out_dir {args.out_dir!r} is not a folder; train.py writes its runs there")
     curves, unit, setting = curves_from_runs(args.out_dir)
     # Both drawn before either is written: a failure leaves neither.
     table = csv_text(curves, unit, setting)
@@ -264,7 +254,8 @@ def main(argv=None):
     print(f"wrote {args.output} and {csv_path}; final dL ({unit}), mean [95% t interval] and each seed's:")
     for label, c in curves.items():
         per_seed = ", ".join(f"{s}: {d:+.4f}" for s, d in zip(c.seeds, c.delta[:, -1]))
-        print(f"{label:<6} {c.mean[-1]:+.4f} [{c.low[-1]:+.4f}, {c.high[-1]:+.4f}]; {per_seed}")
+        interval = f" [{c.low[-1]:+.4f}, {c.high[-1]:+.4f}]" if len(c.seeds) > 1 else ""
+        print(f"{label:<6} {c.mean[-1]:+.4f}{interval}; {per_seed}")
 
 
 if __name__ == "__main__":

@@ -8,10 +8,8 @@ Train the double-heads ablation, one of its models or all six; sample text from 
     python train.py --sample out/gla2/seed1337 --prompt "The return value"    # text from a trained run
 
 The ablation (Liu et al., "Multi-Head Low-Rank Attention", ICLR 2026, arXiv 2603.02188) trains GQA, MLA and GLA-2
-as they are (the baseline) and with their query heads doubled at equal parameters and KV cache, for seeds --seed,
---seed + 1, ...; the two runs of a seed see the same batches, so the data's noise cancels in their difference.
-Each run writes <out_dir>/<run>/seed<seed>/: config.json (what the run is), metrics.jsonl (an evaluation a line)
-and ckpt.pt (what an exact resume needs).
+as they are and with their query heads doubled at equal parameters and KV cache, for seeds --seed, --seed + 1, ...
+Each run writes <out_dir>/<run>/seed<seed>/: config.json, metrics.jsonl (an evaluation a line) and ckpt.pt.
 """
 
 import argparse
@@ -38,9 +36,7 @@ from tqdm import tqdm
 
 import gla
 
-# ----------------------------------------------------------------------------
-# The flags
-
+# ---- The flags
 # Training defaults per preset. paper: the ablation as Liu et al.'s MLRA release trains it, ~98B tokens on 8 GPUs.
 TRAIN_DEFAULTS = {
     "tiny": dict(max_iters=400, batch_size=16, learning_rate=2e-3, warmup_iters=200,
@@ -58,14 +54,12 @@ TRAIN_SPEC = ("preset", "max_iters", "batch_size", "grad_accum", "learning_rate"
 
 
 def positive(text):
-    """argparse's type for counts and sizes: an integer above zero."""
     if not text.isdigit() or int(text) == 0:
         raise argparse.ArgumentTypeError(f"expected an integer above zero, got {text!r}")
     return int(text)
 
 
 def positive_float(text):
-    """argparse's type for rates: a finite number above zero."""
     value = float(text)
     if not (math.isfinite(value) and value > 0):
         raise argparse.ArgumentTypeError(f"expected a finite number above zero, got {text!r}")
@@ -82,7 +76,7 @@ def get_args(argv=None):
     p.add_argument("--batch_size", type=positive, help="sequences per step, all processes together")
     p.add_argument("--grad_accum", type=positive, default=1, help="micro-batches per process per step")
     for flag in MODEL_FLAGS:
-        p.add_argument(f"--{flag}", type=positive, help="the preset's model, changed (gla.make_config)")
+        p.add_argument(f"--{flag}", type=positive)
     p.add_argument("--learning_rate", type=positive_float)
     p.add_argument("--warmup_iters", type=int)
     p.add_argument("--weight_decay", type=float, default=0.1)
@@ -90,48 +84,42 @@ def get_args(argv=None):
                    help="coupled: a seed's two arms share their common draws (gla.GPT.couple_init)")
     p.add_argument("--grad_clip", type=positive_float, default=1.0)
     p.add_argument("--eval_interval", type=positive)
-    p.add_argument("--eval_iters", type=positive, help="validation batches per evaluation")
+    p.add_argument("--eval_iters", type=positive)
     p.add_argument("--ckpt_interval", type=positive)
     p.add_argument("--out_dir", default="out")
     p.add_argument("--data", help="a text file (bytes), or a folder of llm.c token shards (default: stdlib corpus)")
     p.add_argument("--device", choices=["cuda", "cpu"])  # None: cuda when available
-    p.add_argument("--dtype", choices=["float32", "bfloat16"], help="autocast's, or a sampled model's (default: "
-                   "bfloat16 on cuda)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], help="autocast's, or a sampled model's")
     p.add_argument("--compile", action="store_true")
-    p.add_argument("--seed", type=int, default=1337, help="the first seed")
+    p.add_argument("--seed", type=int, default=1337)
     p.add_argument("--seeds", type=positive, help="seeds per model: --seed, --seed + 1, ...")
-    once = p.add_mutually_exclusive_group()  # --resume and --overwrite contradict each other
+    once = p.add_mutually_exclusive_group()
     once.add_argument("--resume", action="store_true", help="continue each run from its checkpoint")
-    once.add_argument("--overwrite", action="store_true", help="start runs over even if they have a checkpoint")
+    once.add_argument("--overwrite", action="store_true", help="start each run over")
     sampling = p.add_argument_group("sampling", "--sample samples instead of training; with --data, it prints the "
                                     "loss over --eval_iters windows too")
     sampling.add_argument("--sample", nargs="+", metavar="MODEL",
                           help="runs (<out_dir>/<run>/seed<seed>, or a ckpt.pt), or folders of the MLRA release")
     sampling.add_argument("--prompt", default="\n")
-    sampling.add_argument("--max_new_tokens", type=positive, default=100, help="at most block_size, prompt included")
+    sampling.add_argument("--max_new_tokens", type=positive, default=100)
     sampling.add_argument("--temperature", type=float, default=0.8, help="0: greedy")
-    sampling.add_argument("--top_k", type=int, default=200, help="sample among the k likeliest tokens (0: all)")
+    sampling.add_argument("--top_k", type=int, default=200, help="0: all")
     args = p.parse_args(argv)
     for key, value in TRAIN_DEFAULTS[args.preset].items():
         if getattr(args, key) is None:
             setattr(args, key, value)
     world_size = int(os.environ.get("WORLD_SIZE", 1))
     if args.batch_size % (world_size * args.grad_accum):
-        p.error(f"--batch_size {args.batch_size} does not split into {world_size} process(es) x --grad_accum "
-                f"{args.grad_accum} micro-batches; pick a multiple")
+        p.error(f"--batch_size {args.batch_size} does not split into {world_size} process(es) x --grad_accum")
     if args.attn == "all" and args.double_heads:
-        p.error("--double_heads picks one arm of a variant, but --attn all trains both arms of all three")
+        p.error("--attn all trains both arms: no --double_heads")
     if not args.temperature >= 0 or args.top_k < 0:  # NaN fails the first
-        p.error("--temperature (0: greedy) and --top_k (0: every token) must be 0 or more")
+        p.error("--temperature and --top_k must be 0 or more")
     return args
 
 
-# ----------------------------------------------------------------------------
-# The runs of the ablation: a model (variant, double heads or not) and a seed
-
-
+# ---- The runs of the ablation: a model (variant, double heads or not) and a seed
 def models_of(args):
-    """(variant, double_heads) of each model to train."""
     if args.attn == "all":
         return [(variant, double_heads) for variant in gla.VARIANTS for double_heads in (False, True)]
     return [(args.attn, args.double_heads)]
@@ -143,12 +131,10 @@ def runs_of(args):
 
 
 def run_name(variant, double_heads):
-    """Folder name of a model under --out_dir: gqa, gqa_double_heads, mla, ..."""
     return variant + ("_double_heads" if double_heads else "")
 
 
 def run_dir(out_dir, variant, double_heads, seed):
-    """Folder of one run: <out_dir>/<run name>/seed<seed>."""
     return pathlib.Path(out_dir, run_name(variant, double_heads), f"seed{seed}")
 
 
@@ -161,9 +147,7 @@ def model_config(args, variant, double_heads):
         raise SystemExit(f"train.py: {run_name(variant, double_heads)}: {e}") from None
 
 
-# ----------------------------------------------------------------------------
-# The data: bytes of text, or llm.c's token shards, read in windows of block_size + 1 tokens
-
+# ---- The data: bytes of text, or llm.c's token shards, read in windows of block_size + 1 tokens
 # llm.c's token shards, as its dev/data/fineweb.py writes FineWeb-Edu: a header of 256 int32, [SHARD_MAGIC,
 # SHARD_VERSION, n_tokens, 0, ...], then n_tokens uint16 GPT-2 tokens.
 SHARD_MAGIC = 20240520
@@ -175,7 +159,7 @@ SHARD_HEADER_BYTES = 256 * 4
 def stdlib_corpus():
     """~2 MB of English that ships with every Python, so that the default run downloads nothing: pydoc_data.topics
     and the standard library's docstrings (read with ast, never imported), shuffled with a fixed seed so that the
-    validation split (the last 10%) is not the alphabet's last modules. Another Python gives another corpus."""
+    validation split (the last 10%) mixes all modules."""
     from pydoc_data.topics import topics
     docs = [topics[key] for key in sorted(topics)]
     root = pathlib.Path(sysconfig.get_paths()["stdlib"])
@@ -202,7 +186,7 @@ def read_shard(path):
     size = os.path.getsize(path)
     n_tokens = int(header[2]) if len(header) == 3 else -1
     if header[:2].tolist() != [SHARD_MAGIC, SHARD_VERSION] or size != SHARD_HEADER_BYTES + 2 * n_tokens:
-        raise SystemExit(f"train.py: {path}: not a whole llm.c shard (header {header.tolist()}, {size} bytes); "
+        raise SystemExit(f"train.py: {path}: not a whole llm.c shard (header {header.tolist()}, {size} bytes): "
                          "regenerate it with llm.c's dev/data/fineweb.py")
     return np.memmap(path, dtype=np.uint16, mode="r", offset=SHARD_HEADER_BYTES, shape=(n_tokens,))
 
@@ -225,14 +209,13 @@ class TokenData:
         return cls([data[:n_train]], [data[n_train:]], source, "bytes")
 
     def windows(self, split, block_size):
-        """Per array of a split, its count of windows of block_size + 1 tokens: window w starts at token
-        w * block_size, so its last token is the next one's first (as llm.c's loader reads)."""
+        """Per array of a split, its count of windows of block_size + 1 tokens, each starting at the last token of the
+        one before (as llm.c's loader reads)."""
         return np.array([max(len(a) - 1, 0) // block_size for a in self.splits[split]], dtype=np.int64)
 
     def read_rows(self, split, rows, block_size, seed):
-        """The windows of rows `rows` (int64: row j of the run's whole sequence of batches), (len(rows), block_size + 1)
-        int64. Row j reads window j mod N of pass j // N over the split's N windows, each pass in the order of a
-        permutation keyed by (seed, split, pass)."""
+        """The windows (len(rows), block_size + 1) int64 of rows `rows` of the run: row j reads window j mod N of pass
+        j // N over the split's N windows, each pass permuted by (seed, split, pass)."""
         arrays = self.splits[split]
         counts = self.windows(split, block_size)
         n = int(counts.sum())
@@ -267,19 +250,16 @@ def load_data(spec, block_size, vocab_size):
         data = TokenData(train, val, f"token files in {spec}", "gpt2")
     for split, arrays in data.splits.items():
         if max(len(a) for a in arrays) < block_size + 1:
-            raise SystemExit(f"train.py: {data.source}: the {split} split has no {block_size + 1} consecutive tokens "
-                             "(one block + 1); use more data or a smaller --block_size")
+            raise SystemExit(f"train.py: {data.source}: its {split} split has no {block_size + 1} tokens in a row")
     if vocab_size < TOKENIZER_VOCAB[data.tokenizer]:
-        raise SystemExit(f"train.py: {data.source} holds {data.tokenizer} tokens, which need a vocabulary of "
-                         f"{TOKENIZER_VOCAB[data.tokenizer]}, not {vocab_size}: pick another --preset or --vocab_size")
+        raise SystemExit(f"train.py: {data.tokenizer} tokens need a --vocab_size of {TOKENIZER_VOCAB[data.tokenizer]}")
     return data
 
 
 def permute(i, n, key, rounds=4):
-    """A pseudo-random permutation of [0, n) keyed by `key` (a tuple), at the int64 indices i, in O(len(i)) memory:
-    no table of n entries, even at the paper's 48M windows. A balanced Feistel network (Luby, Rackoff 1988) on the
-    fewest even bits that hold n - 1, its round function splitmix64's finaliser (Steele et al. 2014); values that land
-    past n walk the cycle on (Black, Rogaway 2002): the domain is < 4n, so under 4 tries on average."""
+    """A pseudo-random permutation of [0, n) keyed by `key` (a tuple), at the int64 indices i, with no table of n
+    entries: a balanced Feistel network (Luby, Rackoff 1988) on the fewest even bits that hold n - 1, its round
+    function splitmix64's finaliser; values past n walk the cycle on (Black, Rogaway 2002), under 4 tries on average."""
     half = (max(2, int(n - 1).bit_length()) + 1) // 2
     mask = np.uint64((1 << half) - 1)
     subkeys = []
@@ -304,19 +284,15 @@ def permute(i, n, key, rounds=4):
 
 def get_batch(data, split, step, batch_size, block_size, seed, rank=0, world_size=1):
     """Inputs and next-token targets of one step, (batch_size // world_size, block_size) int64 each, on the CPU: this
-    process's share of rows step * B .. step * B + B - 1 of the run's sequence of windows (TokenData.read_rows). So
-    every run of a seed sees the same batches, torchrun's processes read disjoint rows, and a resume at step s needs
-    no state of the data: batch s is what it was."""
+    process's share of rows step * B .. step * B + B - 1 of the run's windows. A function of (seed, step) alone: the
+    two arms of a seed see the same batches, and a resume needs no state of the data."""
     per_process = batch_size // world_size
     rows = step * batch_size + np.arange(rank * per_process, (rank + 1) * per_process)
     windows = torch.from_numpy(data.read_rows(split, rows, block_size, seed))  # (per_process, block_size + 1)
     return windows[:, :-1], windows[:, 1:]
 
 
-# ----------------------------------------------------------------------------
-# Where we compute: the device, the autocast dtype, and torchrun's processes (nanoGPT's DDP set-up)
-
-
+# ---- Where we compute: the device, the autocast dtype, and torchrun's processes (nanoGPT's DDP set-up)
 @dataclasses.dataclass
 class Context:
     """device: where the model lives; dtype: autocast's (float32: none), and a sampled model's; rank, world_size:
@@ -336,19 +312,18 @@ class Context:
         return torch.autocast(self.device.type, dtype=self.dtype)
 
     def all_sum(self, t):
-        """The tensor t summed over every process (in place: one all-reduce); t itself in a process alone."""
         if self.world_size > 1:
             dist.all_reduce(t)
         return t
 
 
 def setup(device=None, dtype=None):
-    """The Context of this process from --device and --dtype (None: cuda when available; bfloat16 on cuda, float32
-    on a CPU). Under torchrun (RANK set) it joins the process group: NCCL and a GPU per process, or gloo on CPUs."""
+    """The Context of this process from --device and --dtype (None: cuda if available; bfloat16 on cuda, else
+    float32). Under torchrun it joins the process group (NCCL, or gloo on CPUs)."""
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("train.py: --device cuda, but CUDA is not available here; use --device cpu")
+        raise SystemExit("train.py: --device cuda, but CUDA is not available")
     dtype = getattr(torch, dtype or ("bfloat16" if device == "cuda" else "float32"))
     if "RANK" not in os.environ:
         return Context(torch.device(device), dtype)
@@ -359,8 +334,7 @@ def setup(device=None, dtype=None):
         return Context(torch.device("cpu"), dtype, rank, world_size)
     local_rank = int(os.environ["LOCAL_RANK"])
     if local_rank >= torch.cuda.device_count():
-        raise SystemExit(f"train.py: process {local_rank} has no GPU of its own: --nproc_per_node at most "
-                         f"{torch.cuda.device_count()}")
+        raise SystemExit(f"train.py: --nproc_per_node exceeds the {torch.cuda.device_count()} GPUs")
     gpu = torch.device("cuda", local_rank)
     torch.cuda.set_device(gpu)
     dist.init_process_group("nccl", device_id=gpu)
@@ -373,10 +347,7 @@ def log(ctx, message):
         tqdm.write(message)
 
 
-# ----------------------------------------------------------------------------
-# The schedule and the optimizer, as the MLRA release trains (Liu et al. 2026)
-
-
+# ---- The schedule and the optimizer, as the MLRA release trains (Liu et al. 2026)
 def lr_at(step, args):
     """Linear warmup to the peak, then cosine decay to 0.1 x the peak at max_iters."""
     peak = args.learning_rate
@@ -393,23 +364,17 @@ def make_optimizer(model, args):
                              weight_decay=args.weight_decay, fused=True)
 
 
-# ----------------------------------------------------------------------------
-# One step, and evaluation
-
-
+# ---- One step, and evaluation
 def micro_batches(x, y, n, device):
-    """The n equal micro-batches of (x, y), this process's share of a batch, on `device`: no forward sees more."""
     return [(xb.to(device), yb.to(device)) for xb, yb in zip(x.chunk(n), y.chunk(n))]
 
 
 def train_step(model, x, y, args, ctx):
-    """Forward and backward of this process's share (x, y) of a step's batch, in grad_accum micro-batches whose
-    gradients add up (DDP averages them over the processes on the last one). Returns the mean loss, a float64 tensor
-    on the device: no wait for the device here."""
+    """Forward and backward of this process's share (x, y) of a step's batch in grad_accum micro-batches (DDP
+    all-reduces on the last one). Returns the mean loss as a float64 tensor on the device: no wait for it here."""
     total = torch.zeros((), dtype=torch.float64, device=ctx.device)
     for m, (xb, yb) in enumerate(micro_batches(x, y, args.grad_accum, ctx.device)):
         last = m == args.grad_accum - 1
-        # Under DDP, only the last micro-batch's backward all-reduces the gradients.
         sync = nullcontext() if last or ctx.world_size == 1 else model.no_sync()
         with ctx.autocast(), sync:
             _, loss = model(xb, yb)
@@ -434,10 +399,7 @@ def evaluate(model, data, args, ctx, block_size):
     return ctx.all_sum(total / (args.eval_iters * args.grad_accum)).item() / ctx.world_size
 
 
-# ----------------------------------------------------------------------------
-# The run files: config.json, metrics.jsonl, ckpt.pt
-
-
+# ---- The run files: config.json, metrics.jsonl, ckpt.pt
 def run_spec(args, config, data, ctx):
     """What a run is, saved in config.json and in every checkpoint: its model (a gla.GPTConfig), its training flags
     (TRAIN_SPEC) and autocast dtype, and its data."""
@@ -468,12 +430,10 @@ def write_file(path, content):
 
 
 def write_metrics(path, rows):
-    """Write a run's evaluations (dicts) as metrics.jsonl, one JSON line each, whole (write_file)."""
     write_file(path, "".join(json.dumps(row) + "\n" for row in rows).encode())
 
 
 def read_metrics(path, up_to_iter=math.inf):
-    """The evaluations in a run's metrics.jsonl (a list of dicts) up to iteration up_to_iter."""
     if not path.exists():
         return []
     rows = [json.loads(line) for line in path.read_text().splitlines()]
@@ -481,29 +441,24 @@ def read_metrics(path, up_to_iter=math.inf):
 
 
 def check_run_folder(folder, args, spec):
-    """Refuse a folder that holds a run (a config.json) unless --overwrite starts it over or --resume continues it:
-    under the same spec, and from a checkpoint if it has evaluations past the first one's step."""
+    """Refuse a folder that holds a run unless --overwrite, or --resume under the same spec from a checkpoint."""
     if args.overwrite or not (folder / "config.json").exists():
         return
     if not args.resume:
-        raise SystemExit(f"train.py: {folder} holds a run; --resume continues it, --overwrite starts it over")
+        raise SystemExit(f"train.py: {folder} holds a run: --resume or --overwrite")
     saved = json.loads((folder / "config.json").read_text())
     differences = [f"{part}.{key}: {saved.get(part, {}).get(key)!r} -> {value!r}"
                    for part, values in spec.items() for key, value in values.items()
                    if saved.get(part, {}).get(key) != value]
     if differences:
-        raise SystemExit(f"train.py: cannot resume {folder}: it was started with another setup "
-                         f"({', '.join(differences)}); --overwrite starts it over")
+        raise SystemExit(f"train.py: cannot resume {folder}, started with another setup ({', '.join(differences)}); "
+                         "--overwrite starts it over")
     rows = read_metrics(folder / "metrics.jsonl")
     if not (folder / "ckpt.pt").exists() and rows and rows[-1]["iter"] > min(args.ckpt_interval, args.max_iters):
-        raise SystemExit(f"train.py: {folder} holds evaluations up to iteration {rows[-1]['iter']} but no ckpt.pt "
-                         "to resume from; --overwrite starts it over (its metrics are lost)")
+        raise SystemExit(f"train.py: {folder} has evaluations but no ckpt.pt to resume: --overwrite")
 
 
-# ----------------------------------------------------------------------------
-# The loop of one run, with its checkpoints and an exact resume
-
-
+# ---- The loop of one run, with its checkpoints and an exact resume
 def train_run(args, variant, double_heads, spec, data, ctx, bar):
     """Train the run of seed args.seed (or resume it, or skip it if finished), advancing the job's progress bar.
     A kill costs the steps since the last checkpoint: --resume from it gives the uninterrupted run's numbers."""
@@ -535,11 +490,10 @@ def train_run(args, variant, double_heads, spec, data, ctx, bar):
             elapsed = ckpt["elapsed_s"]
             loss_sum = ckpt["train_loss_sum"]
             loss_count = ckpt["train_loss_count"]
-        except Exception as e:  # a truncated or foreign file fails in many ways, all meaning the same here
-            raise SystemExit(f"train.py: cannot resume {ckpt_path} ({type(e).__name__}); --overwrite starts it "
-                             "over") from None
-        del ckpt  # the model and the optimizer hold copies now: no second set of weights for the whole run
-        bar.total -= step  # the job's bar counts the steps left to train
+        except Exception as e:  # a truncated or foreign file
+            raise SystemExit(f"train.py: cannot resume {ckpt_path} ({type(e).__name__})") from None
+        del ckpt  # no second copy of the weights for the whole run
+        bar.total -= step
         bar.refresh()
         if step >= args.max_iters:
             log(ctx, f"{name}: finished at iteration {step}, skipped")
@@ -575,8 +529,7 @@ def train_run(args, variant, double_heads, spec, data, ctx, bar):
             step_loss = loss / ctx.world_size
             grad_norm /= ctx.world_size
             if not math.isfinite(step_loss) or not math.isfinite(grad_norm):
-                raise SystemExit(f"train.py: {name}: loss {step_loss} at iteration {step}; its checkpoint of iteration "
-                                 f"{saved} is kept: try a lower --learning_rate")
+                raise SystemExit(f"train.py: {name}: loss {step_loss} at iteration {step}; try a lower --learning_rate")
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             step += 1
@@ -598,11 +551,10 @@ def train_run(args, variant, double_heads, spec, data, ctx, bar):
             if step % args.ckpt_interval == 0 or step == args.max_iters:
                 # Weights that went non-finite (a finite loss, then an overflowing update) are never saved.
                 if not all(torch.isfinite(p).all() for p in model.parameters()):
-                    raise SystemExit(f"train.py: {name}: non-finite weights at iteration {step}; its checkpoint of "
-                                     f"iteration {saved} is kept: try a lower --learning_rate")
+                    raise SystemExit(f"train.py: {name}: non-finite weights at iteration {step}")
                 if ctx.master:
                     write_file(ckpt_path, dict(model=model.state_dict(), optimizer=optimizer.state_dict(), iter=step,
-                                               tokens=step * tokens_per_step, elapsed_s=time.time() - started,
+                                               elapsed_s=time.time() - started,
                                                train_loss_sum=loss_sum, train_loss_count=loss_count, config=spec))
                 saved = step
     except KeyboardInterrupt:  # main says it in one line
@@ -610,9 +562,8 @@ def train_run(args, variant, double_heads, spec, data, ctx, bar):
 
 
 def train_job(args):
-    """Train every run of the job, seed by seed, in this process, under one progress bar; nothing is written before
-    every model builds, the data reads, and no run folder holds what the job would erase. The bar counts steps: the
-    width rule gives the six models equal parameters, so a step of any costs about the same."""
+    """Train every run of the job, seed by seed, under one progress bar. Nothing is written before every model builds,
+    the data reads, and no run folder holds what the job would erase."""
     configs = {}
     for variant, double_heads in models_of(args):
         configs[variant, double_heads] = model_config(args, variant, double_heads)
@@ -641,14 +592,9 @@ def train_job(args):
     return ctx
 
 
-# ----------------------------------------------------------------------------
-# Sampling: text from trained models through GPT.generate (the KV cache and the decode path), on one process or
-# tensor-parallel: under torchrun each of N processes keeps 1/N of the model (gla.shard_for_tp) and its cache.
-
-
+# ---- Sampling through GPT.generate, on one process or tensor-parallel under torchrun (gla.shard_for_tp)
 def load_model(path, dtype):
-    """(model on the CPU in dtype, its tokenizer) of a run of train.py (its folder or its ckpt.pt, memory-mapped),
-    or of a folder of the MLRA release (gla.GPT.from_pretrained: GPT-2 tokens)."""
+    """(model on the CPU in dtype, its tokenizer) of a run of train.py (its folder or ckpt.pt) or an MLRA release."""
     path = pathlib.Path(path)
     try:
         if path.is_dir() and not (path / "ckpt.pt").exists():
@@ -657,7 +603,7 @@ def load_model(path, dtype):
         model = gla.GPT(gla.GPTConfig(**ckpt["config"]["model"]))
         model.load_state_dict(ckpt["model"])
         return model.to(dtype), ckpt["config"]["data"]["tokenizer"]
-    except Exception as e:  # missing, truncated, or neither train.py's nor the release's: one line says which
+    except Exception as e:  # missing, truncated, or foreign
         reason = " ".join(str(e).split())  # torch's messages span lines
         raise SystemExit(f"train.py: cannot load {path} ({type(e).__name__}: {reason})") from None
 
@@ -680,12 +626,12 @@ def sample(args):
             try:
                 import tiktoken
             except ImportError:
-                raise SystemExit(f"train.py: {path} reads GPT-2 tokens: pip install tiktoken") from None
+                raise SystemExit("train.py: GPT-2 tokens need tiktoken: pip install tiktoken") from None
             encoding = tiktoken.get_encoding("gpt2")
             prompt = encoding.encode(args.prompt)
         if not prompt or len(prompt) + args.max_new_tokens > config.block_size:
-            raise SystemExit(f"train.py: {path}: a prompt of {len(prompt)} tokens and --max_new_tokens "
-                             f"{args.max_new_tokens} must fit the model's block_size, {config.block_size}")
+            raise SystemExit(f"train.py: a prompt of {len(prompt)} tokens and --max_new_tokens {args.max_new_tokens} "
+                             f"must fit the model's block_size, {config.block_size}")
         torch.manual_seed(args.seed)
         started = time.perf_counter()
         idx = torch.tensor([list(prompt)], device=ctx.device)
@@ -700,21 +646,17 @@ def sample(args):
         if args.data:  # the loss on validation windows 0 .. eval_iters - 1, one at a time, as training reads them
             data = load_data(args.data, config.block_size, config.vocab_size)
             if data.tokenizer != tokenizer:
-                raise SystemExit(f"train.py: {path} reads {tokenizer} tokens, but {data.source} holds {data.tokenizer}")
+                raise SystemExit(f"train.py: {path} reads {tokenizer} tokens, not {data.tokenizer}")
             total = 0.0
             for k in range(args.eval_iters):
                 x, y = get_batch(data, "val", k, 1, config.block_size, args.seed)
                 with torch.no_grad():
                     total += model(x.to(ctx.device), y.to(ctx.device))[1].item()
-            log(ctx, f"-- validation loss {total / args.eval_iters:.4f} nats a token over {args.eval_iters} windows of "
-                     f"{config.block_size} tokens of {data.source}")
+            log(ctx, f"-- validation loss {total / args.eval_iters:.4f} nats a token over {args.eval_iters} windows")
     return ctx
 
 
-# ----------------------------------------------------------------------------
-# main: the one place where an error becomes a line
-
-
+# ---- main: the one place where an error becomes a line
 def main(argv=None):
     """Train (or with --sample, sample). A file we cannot read or write, memory that runs out and Ctrl-C end in one
     line on stderr; every file saved before stays whole."""

@@ -41,15 +41,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 HERE = str(REPO)
 VARIANTS = list(gla.VARIANTS)
 interpreter_only = pytest.mark.skipif(HAS_CUDA, reason="CPU tensors need the interpreter; CUDA: test_kernel_on_cuda")
-TEST_SEED = os.environ.get("GLA_TEST_SEED", "0")
-
-
-@pytest.fixture(autouse=True)
-def seeded():
-    """Seed torch before each test; pytest shows the seed of a failing test."""
-    seed = time.time_ns() % 2**31 if TEST_SEED == "random" else int(TEST_SEED)
-    torch.manual_seed(seed)
-    print(f"torch seed {seed}")
+from test_gla import seeded  # noqa: E402, F401 (the autouse fixture that seeds torch before each test)
 
 
 # ----------------------------------------------------------------------------

@@ -44,14 +44,14 @@ class GPTConfig:
     n_embd: int = 256
     n_head: int = 8
     ffn_hidden: int = 811  # SwiGLU width; make_config derives it with swiglu_width
-    head_dim: int = 32  # GQA
-    n_kv_head: int = 2  # GQA
-    q_lora_rank: int = 0  # MLA / GLA from here on
-    kv_lora_rank: int = 0  # all latent heads together
-    n_latent_heads: int = 1  # g: 1 = MLA, 2 = GLA-2
-    qk_nope_head_dim: int = 0
-    qk_rope_head_dim: int = 0
-    v_head_dim: int = 0
+    head_dim: int | None = 32  # GQA (None for MLA / GLA)
+    n_kv_head: int | None = 2  # GQA
+    q_lora_rank: int | None = None  # MLA / GLA from here on (None for GQA)
+    kv_lora_rank: int | None = None  # all latent heads together
+    n_latent_heads: int | None = None  # g: 1 = MLA, 2 = GLA-2
+    qk_nope_head_dim: int | None = None
+    qk_rope_head_dim: int | None = None
+    v_head_dim: int | None = None
     rope_theta: float = 10000.0
     norm_eps: float = 1e-6
     init_std: float = 0.02
@@ -119,7 +119,8 @@ def make_config(preset="tiny", variant="gqa", double_heads=False, n_head=None, n
     if m[1] == "gqa":
         fields.update(head_dim=head_dim, n_kv_head=n_kv_head or max(n_head // 4, 1))
     else:
-        fields.update(q_lora_rank=n_embd // 2 if m[1] == "mla" else 8 * int(math.floor(n_embd / 24 + 0.5)),
+        fields.update(head_dim=None, n_kv_head=None,
+                      q_lora_rank=n_embd // 2 if m[1] == "mla" else 8 * int(math.floor(n_embd / 24 + 0.5)),
                       kv_lora_rank=kv_lora_rank or 4 * head_dim, qk_nope_head_dim=head_dim,
                       qk_rope_head_dim=head_dim // 2, v_head_dim=head_dim,
                       n_latent_heads=int(m[2] or 2) if m[1] == "gla" else 1)
@@ -320,7 +321,7 @@ class KVCache(nn.Module):
         """The first max_seqlen cached tokens, k (B, S, Hk, Dk) and v (B, S, Hkv, Dv) in dtype, and the mask
         (B, 1, Lq, S) of new tokens at positions (B, Lq) (None: causal)."""
         k, v = (c[:, :, :max_seqlen].transpose(1, 2).to(dtype) for c in (self.k_cache, self.v_cache))
-        mask = None if max_seqlen == positions.shape[1] else decode_mask(positions, max_seqlen)
+        mask = None if max_seqlen == positions.shape[1] else decode_mask(positions, max_seqlen).to(dtype)
         return k, v, mask
 
     def attend(self, q, positions, max_seqlen, qv=None, softmax_scale=None):
@@ -448,10 +449,15 @@ class GPT(nn.Module):
         files = sorted(path.glob("pytorch_model*.bin"))  # one file, or shards -00001-of-0000n, ...: in order
         assert files, f"{path} holds no pytorch_model*.bin"
         weights = {}
-        for file in files:
-            weights.update(torch.load(file, map_location="cpu", mmap=True, weights_only=True))
-        lm_head = weights.pop("lm_head.weight", None)  # tied: one matrix, saved under one name or both
-        weights.setdefault("transformer.wte.weight", lm_head)
+        lm_head = None  # tied to wte: one matrix, saved under one name or both, converted once
+        for file in files:  # shard by shard: a shard's float32 pages are let go once it is converted
+            for name, tensor in torch.load(file, map_location="cpu", mmap=True, weights_only=True).items():
+                if name == "lm_head.weight":
+                    lm_head = tensor
+                else:
+                    weights[name] = tensor if dtype is None else tensor.to(dtype)
+        if "transformer.wte.weight" not in weights:
+            weights["transformer.wte.weight"] = lm_head if dtype is None else lm_head.to(dtype)
         prefix = "transformer.h.0."
         layer0 = sorted(n[len(prefix):-len(".weight")] for n in weights if n.startswith(prefix + "attn."))
         designs = [attn for attn, names in RELEASE_ATTENTION.items() if sorted(names) == layer0]
@@ -463,8 +469,8 @@ class GPT(nn.Module):
         if attn == "gqa":  # group_size: query heads per KV head
             fields.update(head_dim=saved["head_dim"], n_kv_head=saved["n_head"] // saved.get("group_size", 1))
         else:  # v as wide as nope, and GLA's 2 latent heads: fixed in the release's code, not in config.json
-            fields.update(q_lora_rank=saved["q_lora_rank"], kv_lora_rank=saved["kv_lora_rank"],
-                          qk_nope_head_dim=saved["qk_nope_head_dim"], qk_rope_head_dim=saved["qk_rope_head_dim"],
+            fields.update(head_dim=None, n_kv_head=None, q_lora_rank=saved["q_lora_rank"],
+                          kv_lora_rank=saved["kv_lora_rank"], qk_nope_head_dim=saved["qk_nope_head_dim"], qk_rope_head_dim=saved["qk_rope_head_dim"],
                           v_head_dim=saved["qk_nope_head_dim"], n_latent_heads=2 if attn == "gla" else 1)
         with torch.device("meta"):  # no memory: the loaded tensors become the parameters
             model = cls(GPTConfig(**fields))
@@ -476,7 +482,7 @@ class GPT(nn.Module):
         state = {}
         for theirs, tensor in weights.items():
             assert theirs in names, f"{path}: {theirs} is no weight of the release's {attn} (a bias? another design?)"
-            state[names[theirs]] = tensor if dtype is None else tensor.to(dtype)
+            state[names[theirs]] = tensor
         for i in range(model.config.n_layer if attn != "gqa" else 0):  # latent head j's kv_b_proj: our wkv_b[j]
             heads = [state.pop(f"blocks.{i}.attn.wkv_b.{j}.weight") for j in range(model.config.n_latent_heads)]
             state[f"blocks.{i}.attn.wkv_b"] = torch.stack(heads).unflatten(1, (model.config.n_head // len(heads), -1))

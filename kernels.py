@@ -9,6 +9,7 @@ interface of FA3's `flash_attn_with_kvcache(q, k_cache, v_cache, qv=..., cache_s
     GLA-2 : two latent heads of 256 (Hkv = 2), each shared by half of the query heads, and one rope key (Hk = 1).
 """
 import math
+import os
 from contextlib import nullcontext
 
 import torch
@@ -20,6 +21,7 @@ try:  # Triton is Linux-only in requirements; the reference must import without 
 except ImportError:
     triton = None
 
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"  # Triton's CPU interpreter, as the tests run it
 MAX_LQ = 16  # new tokens per call: a step or speculative drafts; the model runs a prompt through SDPA
 COMBINE_BLOCK_D = 64
 LOG2E = 1.4426950408889634
@@ -174,7 +176,7 @@ if triton is not None:
     CONFIGS = [triton.Config({"BLOCK_N": n}, num_warps=4, num_stages=s)
                for n, s in ((32, 2), (32, 3), (32, 4), (64, 3))]
     # Keyed by the tile's shape, not the cache length (it grows every step); the interpreter takes the first config.
-    _decode_split_kernel = triton.autotune(CONFIGS[:1] if triton.knobs.runtime.interpret else CONFIGS,
+    _decode_split_kernel = triton.autotune(CONFIGS[:1] if INTERPRET else CONFIGS,
                                            key=["BLOCK_M", "BLOCK_DK", "BLOCK_DV", "HAS_QV"])(_split_kernel)
 # A program's float32 accumulator, rows x Dv: 8192 elements are 64 registers a thread at 4 warps. The paper's MLA with
 # double heads, 48 query heads on one 512-wide latent, would take 24K: we cut the group into head blocks of 16 heads.
@@ -227,7 +229,7 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, qv=None, softmax_scale=
     Hkv, Dv = v_cache.shape[2:]
     # The kernel reads raw pointers: what it assumes, checked.
     assert triton is not None, "decode_attention needs Triton (Linux); use decode_attention_ref"
-    assert q.is_cuda or triton.knobs.runtime.interpret, "CPU tensors need TRITON_INTERPRET=1 (or decode_attention_ref)"
+    assert q.is_cuda or INTERPRET, "CPU tensors need TRITON_INTERPRET=1 (or decode_attention_ref)"
     assert k_cache.shape == (B, S, Hk, Dk) and v_cache.shape[:2] == (B, S), "q, k_cache, v_cache: (B, L, H, D)"
     assert Hq % Hkv == 0 and Hk in (1, Hkv), "Hq a multiple of Hkv; Hk 1 (one shared key head) or Hkv"
     assert Lq <= MAX_LQ, f"at most MAX_LQ={MAX_LQ} new tokens a call; run a prompt through SDPA"

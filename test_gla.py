@@ -58,8 +58,13 @@ def run_main(module, argv):
     return 0
 
 
+# train.py's default device is cuda where there is one: the CPU tests say where they run.
+CPU = ["--device", "cpu"]
+
+
 def run_train(argv):
-    return run_main(train, argv)
+    """train.main(argv) on the CPU unless argv names a --device."""
+    return run_main(train, argv if "--device" in argv else [*argv, *CPU])
 
 
 def run_plot(argv):
@@ -588,7 +593,8 @@ def test_tensor_parallel_greedy_decode_matches_one_process(tmp_path, capsys):
         models.append(small_model(variant, block_size=32))
         paths.append(str(tmp_path / f"{variant}.pt"))
         save_run(paths[-1], models[-1])
-    args = ["train.py", "--sample", *paths, "--prompt", prompt, "--temperature", "0", "--max_new_tokens", str(n_new)]
+    args = ["train.py", "--sample", *paths, "--prompt", prompt, "--temperature", "0", "--max_new_tokens", str(n_new),
+            *CPU]
     two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                           *args], cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"},
                          capture_output=True, text=True, timeout=300)
@@ -948,6 +954,8 @@ def test_kernel_takes_lq_up_to_max_lq_then_refuses():
 @pytest.mark.parametrize("num_splits", [-1, 0, 2.5])
 def test_num_splits_must_be_a_positive_int(num_splits):
     q, k_cache, v_cache, seqlens, qv = _inputs(1, 40, 1, 8, 2, 1, 16, 32, True, torch.float32, [40])
+    if HAS_CUDA:  # CPU tensors need the interpreter
+        q, k_cache, v_cache, seqlens, qv = (t.cuda() for t in (q, k_cache, v_cache, seqlens, qv))
     with pytest.raises(AssertionError, match="num_splits"):
         kernels.decode_attention(q, k_cache, v_cache, seqlens, qv, num_splits=num_splits)
 
@@ -1010,10 +1018,12 @@ def _bad(case):
 ])
 def test_bad_inputs_raise(case, match):
     """Inputs the kernel would read wrong (out of bounds, the wrong head, a 64-bit length as two) fail an assert."""
+    device = "cuda" if HAS_CUDA else "cpu"  # CPU tensors need the interpreter
+    bad, ok = ({name: t.to(device) for name, t in _bad(c).items()} for c in (case, "ok"))
     with pytest.raises((AssertionError, ValueError), match=match):
-        kernels.decode_attention(**_bad(case))
-    kernels.decode_attention(**_bad("ok"))  # the same inputs unbroken are accepted
-    kernels.decode_attention_ref(**_bad("ok"))
+        kernels.decode_attention(**bad)
+    kernels.decode_attention(**ok)  # the same inputs unbroken are accepted
+    kernels.decode_attention_ref(**ok)
 
 
 def test_cpu_without_interpreter_raises():
@@ -1505,7 +1515,7 @@ def test_sigkill_then_resume_gives_identical_metrics(tmp_path, text_file):
             *NARROW]
     assert run_train([*args, "--out_dir", str(tmp_path / "ref")]) == 0
     killed = tmp_path / "killed"
-    proc = subprocess.Popen([sys.executable, "train.py", *args, "--out_dir", str(killed)], cwd=REPO,
+    proc = subprocess.Popen([sys.executable, "train.py", *args, *CPU, "--out_dir", str(killed)], cwd=REPO,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 120
     while not (rdir(killed, "mla") / "ckpt.pt").exists() and time.time() < deadline and proc.poll() is None:
@@ -1718,7 +1728,7 @@ def test_torchrun_two_processes_match_one(tmp_path, text_file):
     # grew about tenfold a step from step 8 with the coupled draw, to 1e-3 by step 20 (measured at the tiny width).
     args = ["train.py", "--attn", "gla2", "--data", str(text_file), "--max_iters", "20", "--batch_size", "8",
             "--block_size", "32", "--eval_interval", "10", "--eval_iters", "2", "--warmup_iters", "2", "--seeds", "1",
-            "--learning_rate", "1e-3", *NARROW]
+            "--learning_rate", "1e-3", *NARROW, *CPU]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     one = subprocess.run([sys.executable, *args, "--out_dir", str(tmp_path / "one")], cwd=REPO, env=env,
                          capture_output=True, text=True, timeout=300)
@@ -1732,6 +1742,137 @@ def test_torchrun_two_processes_match_one(tmp_path, text_file):
     for r1, r2 in zip(a, b):
         assert abs(r1["train_loss"] - r2["train_loss"]) < 1e-5 and abs(r1["val_loss"] - r2["val_loss"]) < 1e-5
     assert two.stdout.count("gla2 seed 1337 iter 20:") == 1  # only rank 0 prints
+
+
+# ----------------------------------------------------------------------------
+# The first GPU run (issue 70): what a CUDA machine changes, shown on a CPU where a CPU can show it
+
+
+def test_the_cpu_tests_train_on_the_cpu_where_cuda_is_the_default(tmp_path, text_file, monkeypatch, capsys):
+    """train.py's default device is cuda where there is one; the CPU tests name theirs (run_train, CPU), so on a
+    CUDA machine they still run as here: with CUDA's default patched in, a short run trains on the CPU in float32."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert run_train(["--data", str(text_file), "--out_dir", str(tmp_path), *FAST, "--max_iters", "2"]) == 0
+    assert "1 process(es) on cpu, torch.float32" in capsys.readouterr().out
+
+
+def test_a_torchrun_process_without_a_gpu_is_one_line_and_nccl_is_told_its_device(monkeypatch):
+    """Two processes on a machine with one GPU: the second has none (one line, not CUDA's traceback); the first
+    binds its GPU and tells init_process_group which it is."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    joined = []
+    monkeypatch.setattr(torch.cuda, "set_device", joined.append)
+    monkeypatch.setattr(train.dist, "init_process_group", lambda backend, **kw: joined.append((backend, kw)))
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    with pytest.raises(SystemExit) as caught:
+        train.setup("cuda")
+    assert caught.value.code == "train.py: --nproc_per_node exceeds the 1 GPUs" and joined == []
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    ctx = train.setup("cuda")
+    gpu = torch.device("cuda", 0)
+    assert joined == [gpu, ("nccl", {"device_id": gpu})] and ctx.device == gpu and ctx.dtype == torch.bfloat16
+
+
+def test_a_bf16_model_decoding_after_a_prefix_masks_in_its_own_dtype(monkeypatch):
+    """A chunk of more than MAX_LQ new tokens after a cached prefix attends through SDPA with an additive mask; CUDA's
+    memory-efficient SDPA refuses a mask of another dtype than the query's, so it is made in the query's (bf16)."""
+    model = small_model("gla2").to(torch.bfloat16)
+    seen = []
+    real = F.scaled_dot_product_attention
+
+    def spy(q, k, v, attn_mask=None, **kwargs):
+        if attn_mask is not None:
+            seen.append((q.dtype, attn_mask.dtype))
+        return real(q, k, v, attn_mask=attn_mask, **kwargs)
+
+    monkeypatch.setattr(gla.F, "scaled_dot_product_attention", spy)
+    idx = torch.randint(0, 256, (1, 40))
+    model.setup_cache(1, 64)
+    model.decode(idx[:, :20], torch.zeros(1, dtype=torch.int32))
+    model.decode(idx[:, 20:], torch.tensor([20], dtype=torch.int32))  # 20 new tokens > MAX_LQ: SDPA over the cache
+    assert seen and all(mask == query == torch.bfloat16 for query, mask in seen), seen
+
+
+def test_sampling_on_cuda_defaults_to_bfloat16(monkeypatch):
+    """On CUDA a sampled model's weights default to bfloat16 (the kernel's tensor-core path), float32 on request."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    asked = []
+
+    def load_model(path, dtype):
+        asked.append(dtype)
+        raise SystemExit("stop")  # no model needed
+
+    monkeypatch.setattr(train, "load_model", load_model)
+    for flags in ([], ["--dtype", "float32"]):
+        assert run_train(["--sample", "run", "--device", "cuda", *flags]) == 1
+    assert asked == [torch.bfloat16, torch.float32]
+
+
+@pytest.mark.parametrize("flag", [["--sample=RUN"], ["--samp", "RUN"]])
+def test_sample_flag_in_any_form_samples(flag, monkeypatch):
+    """--sample=PATH and argparse's abbreviations of --sample sample (they went to the training flags)."""
+    asked = []
+
+    def load_model(path, dtype):
+        asked.append(path)
+        raise SystemExit("stop")
+
+    monkeypatch.setattr(train, "load_model", load_model)
+    assert run_train(flag) == 1 and asked == ["RUN"]
+
+
+def test_the_data_decide_the_tokenizer_and_config_json_records_it(tmp_path, text_file, capsys):
+    """Text trained with the 50,304-token vocabulary of the small preset is still bytes: config.json says so, and
+    sampling encodes the prompt and decodes the text as bytes, and plot.py's unit is nats per byte."""
+    out = tmp_path / "out"
+    argv = ["--attn", "gla2", "--data", str(text_file), "--out_dir", str(out), *FAST, "--max_iters", "2",
+            "--vocab_size", "50304"]
+    assert run_train(argv) == 0 and run_train([*argv, "--double_heads"]) == 0
+    assert json.loads((rdir(out, "gla2") / "config.json").read_text())["data"]["tokenizer"] == "bytes"
+    assert run_train(["--sample", str(rdir(out, "gla2")), "--prompt", "The", "--temperature", "0",
+                      "--max_new_tokens", "4"]) == 0
+    model, tokenizer = train.load_model(rdir(out, "gla2"), torch.float32)
+    greedy = model.generate(torch.tensor([list(b"The")]), 4, temperature=0)[0].tolist()
+    assert tokenizer == "bytes" and sampled_texts(capsys.readouterr().out) == [
+        bytes(greedy).decode(errors="backslashreplace")]
+    assert plot.curves_from_runs(out)[1] == "nats/byte"
+
+
+def test_config_json_records_only_the_fields_of_its_design(tmp_path):
+    """MLA / GLA have no head_dim or n_kv_head (GQA's), GQA no latent: None, not a value that means nothing; the same
+    for a model of the release."""
+    gqa_only = {"head_dim", "n_kv_head"}
+    latent_only = {"q_lora_rank", "kv_lora_rank", "n_latent_heads", "qk_nope_head_dim", "qk_rope_head_dim",
+                   "v_head_dim"}
+    for variant in VARIANTS:
+        model = small_model(variant)
+        write_release(tmp_path / variant, *release_checkpoint(model))
+        for config in model.config, gla.GPT.from_pretrained(tmp_path / variant).config:
+            unused = {name for name, value in dataclasses.asdict(config).items() if value is None}
+            assert unused == (latent_only if variant == "gqa" else gqa_only), variant
+
+
+def test_plot_writes_nothing_when_its_csv_cannot_be_written(tmp_path, capsys):
+    """The CSV and the PNG are drawn before either is written: a CSV that cannot be written leaves no PNG behind."""
+    out = tmp_path / "out"
+    _write_seeds(out)
+    (tmp_path / "fig.csv").mkdir()  # where the CSV should go: a folder
+    assert run_plot(["--out_dir", str(out), "--output", str(tmp_path / "fig.png")]) == 1
+    assert one_line_error(capsys.readouterr().err, "plot.py") and not (tmp_path / "fig.png").exists()
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU (run by bench/gpu_check.py)")
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_compiled_decoding_on_cuda_equals_eager(variant):
+    """torch.compile traces the autotuned Triton kernel of each decode step: greedy tokens equal eager decoding's."""
+    model = small_model(variant).cuda()
+    prompt = torch.randint(0, 256, (2, 8), device="cuda")
+    eager = model.generate(prompt, 24, temperature=0)
+    assert torch.equal(model.generate(prompt, 24, temperature=0, compile=True), eager)
 
 
 # ----------------------------------------------------------------------------
@@ -1881,7 +2022,7 @@ def test_a_second_command_into_a_running_runs_folder_is_refused(tmp_path, text_f
     its folder is refused in one line, its files untouched."""
     out = tmp_path / "out"
     args = ["--attn", "gla2", "--data", str(text_file), "--max_iters", "100000", *TINY, "--out_dir", str(out)]
-    first = subprocess.Popen([sys.executable, "train.py", *args], cwd=REPO, stdout=subprocess.DEVNULL,
+    first = subprocess.Popen([sys.executable, "train.py", *args, *CPU], cwd=REPO, stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL)
     try:
         deadline = time.time() + 120
@@ -1959,7 +2100,7 @@ def test_ctrl_c_is_one_line_and_resume_gives_identical_metrics(tmp_path, text_fi
             "10", *TINY]
     assert run_train([*args, "--out_dir", str(tmp_path / "ref")]) == 0
     out = tmp_path / "stopped"
-    proc = subprocess.Popen([sys.executable, "train.py", *args, "--out_dir", str(out)], cwd=REPO,
+    proc = subprocess.Popen([sys.executable, "train.py", *args, *CPU, "--out_dir", str(out)], cwd=REPO,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 120
     while not (rdir(out, "gla2") / "ckpt.pt").exists() and time.time() < deadline and proc.poll() is None:
@@ -1983,7 +2124,7 @@ def test_sigterm_to_the_group_is_silent_and_resume_finishes_every_run(tmp_path, 
     args = ["--attn", "all", "--data", str(text_file), "--max_iters", "12", "--eval_interval", "4", *TINY,
             "--out_dir", str(out)]
     # a session of its own, so that the signal reaches the whole process group as `timeout`'s does
-    proc = subprocess.Popen([sys.executable, "train.py", *args], cwd=REPO, stdout=subprocess.DEVNULL,
+    proc = subprocess.Popen([sys.executable, "train.py", *args, *CPU], cwd=REPO, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     deadline = time.time() + 120
     try:
@@ -2046,6 +2187,7 @@ def test_resume_frees_the_loaded_checkpoint(tmp_path, text_file, monkeypatch):
     real_load, loaded = torch.load, []
 
     def spy(*args, **kwargs):
+        assert kwargs.get("mmap"), "a resume reads the checkpoint's pages it loads, not a whole copy of the file first"
         ckpt = real_load(*args, **kwargs)
         loaded.append(weakref.ref(ckpt["model"]["blocks.0.attn.wkv_b"]))
         return ckpt
@@ -2302,6 +2444,28 @@ def test_from_pretrained_maps_the_weights_and_converts_each_once(tmp_path):
     assert half.lm_head.weight is half.tok_emb.weight
     for (name, p), q in zip(half.named_parameters(), model.parameters()):
         assert p.dtype == torch.bfloat16 and torch.equal(p, q.detach().to(torch.bfloat16)), name
+
+
+def test_from_pretrained_converts_the_tied_matrix_once_wherever_its_names_fall(tmp_path, monkeypatch):
+    """The tied embedding saved under both names, lm_head's in the first shard and wte's in the second: a bfloat16
+    load converts it once (one copy of the largest matrix, not two)."""
+    model = small_model("gqa", vocab_size=320)  # the one matrix of its shape
+    sd, fields = release_checkpoint(model)
+    write_release(tmp_path, {}, fields)
+    first = {"lm_head.weight": sd["lm_head.weight"]}
+    torch.save(first, tmp_path / "pytorch_model-00001-of-00002.bin")
+    torch.save({k: t for k, t in sd.items() if k not in first}, tmp_path / "pytorch_model-00002-of-00002.bin")
+    (tmp_path / "pytorch_model.bin").unlink()
+    converted, real = [], torch.Tensor.to
+
+    def to(self, *args, **kwargs):
+        if self.shape == model.tok_emb.weight.shape:
+            converted.append(self.shape)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "to", to)
+    loaded = gla.GPT.from_pretrained(tmp_path, dtype=torch.bfloat16)
+    assert len(converted) == 1 and loaded.lm_head.weight is loaded.tok_emb.weight
 
 
 def _gated(sd):

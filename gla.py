@@ -58,6 +58,12 @@ class GPTConfig:
 
     def __post_init__(self):
         assert self.attn in ("gqa", "mla", "gla"), f"unknown attn {self.attn!r}"
+        if self.attn == "gqa":
+            own = (self.head_dim, self.n_kv_head)
+        else:
+            own = (self.q_lora_rank, self.kv_lora_rank, self.n_latent_heads, self.qk_nope_head_dim,
+                   self.qk_rope_head_dim, self.v_head_dim)
+        assert None not in own, f"{self.attn}'s own fields are unset: make_config sets them"
         assert self.n_head >= 1, "no query head: head_dim is wider than n_embd"
         assert self.ffn_hidden >= 1, f"{self.n_head} query heads leave the MLP no width: fewer heads or a wider n_embd"
         assert self.rope_dim % 2 == 0, f"RoPE rotates pairs, but the roped dims are {self.rope_dim}: an even head_dim"
@@ -470,8 +476,9 @@ class GPT(nn.Module):
             fields.update(head_dim=saved["head_dim"], n_kv_head=saved["n_head"] // saved.get("group_size", 1))
         else:  # v as wide as nope, and GLA's 2 latent heads: fixed in the release's code, not in config.json
             fields.update(head_dim=None, n_kv_head=None, q_lora_rank=saved["q_lora_rank"],
-                          kv_lora_rank=saved["kv_lora_rank"], qk_nope_head_dim=saved["qk_nope_head_dim"], qk_rope_head_dim=saved["qk_rope_head_dim"],
-                          v_head_dim=saved["qk_nope_head_dim"], n_latent_heads=2 if attn == "gla" else 1)
+                          kv_lora_rank=saved["kv_lora_rank"], qk_nope_head_dim=saved["qk_nope_head_dim"],
+                          qk_rope_head_dim=saved["qk_rope_head_dim"], v_head_dim=saved["qk_nope_head_dim"],
+                          n_latent_heads=2 if attn == "gla" else 1)
         with torch.device("meta"):  # no memory: the loaded tensors become the parameters
             model = cls(GPTConfig(**fields))
 

@@ -103,8 +103,8 @@ def setting_text(config):
 
 def curves_from_runs(out_dir):
     """({label: Curve}, unit, setting) of the runs in out_dir, each baseline seed paired with its double-heads seed.
-    A seed is left out, in one line, when a run of its pair cannot be read or the two arms differ in more than
-    doubling the heads changes. The first pair's setting names the figure's."""
+    A seed is left out, in one line, when a run of its pair cannot be read, the two share no evaluation, or they
+    differ in more than doubling the heads changes. The first pair's setting names the figure's."""
     curves = {}
     reference = None  # the figure's setting: its first pair's baseline config
     for name in VARIANTS:
@@ -117,7 +117,8 @@ def curves_from_runs(out_dir):
             try:
                 config, base = read_run(base_dir)
                 twin, double = read_run(double_dir)
-                why = arms_differ(config, twin)
+                shared = {t: (base[t], double[t]) for t in base.keys() & double.keys()}
+                why = arms_differ(config, twin) or ("" if shared else "its two runs share no evaluation yet")
                 unit = "nats/byte" if config["data"]["tokenizer"] == "bytes" else "nats/token"
             except (OSError, ValueError, LookupError, TypeError, AttributeError) as e:  # missing, cut, not train.py's
                 why = f"{type(e).__name__}: {e}"
@@ -127,9 +128,9 @@ def curves_from_runs(out_dir):
             if reference is None:
                 reference = config
                 figure_unit = unit
-            pairs.append((seed, {t: (base[t], double[t]) for t in base.keys() & double.keys()}))
-        if pairs:
-            tokens = sorted(set.intersection(*(set(losses) for _, losses in pairs)))
+            pairs.append((seed, shared))
+        tokens = sorted(set.intersection(*(set(losses) for _, losses in pairs))) if pairs else []
+        if tokens:  # the evaluations every pair has
             losses = np.array([[losses[t] for t in tokens] for _, losses in pairs])  # (n_seeds, n, 2)
             curves[label] = Curve([seed for seed, _ in pairs], tokens, losses[..., 0].mean(0), losses[..., 1].mean(0),
                                   losses[..., 0] - losses[..., 1])

@@ -1865,6 +1865,52 @@ def test_plot_writes_nothing_when_its_csv_cannot_be_written(tmp_path, capsys):
     assert one_line_error(capsys.readouterr().err, "plot.py") and not (tmp_path / "fig.png").exists()
 
 
+def test_a_run_not_evaluated_yet_leaves_its_pair_out_in_one_line(tmp_path, capsys):
+    """train.py writes config.json and an empty metrics.jsonl before a run's first evaluation: plotting then (during
+    the job, or after a kill that early) leaves that pair out in one note and draws the others."""
+    out = tmp_path / "out"
+    _write_seeds(out, seeds=(1, 2))
+    (out / plot.VARIANTS[0] / "seed2" / "metrics.jsonl").write_text("")
+    rc, _, csv = _run_main(tmp_path, out)
+    assert rc == 0
+    assert capsys.readouterr().err == f"plot.py: note: {LABELS[0]} seed2 left out: its two runs share no evaluation yet\n"
+    assert _n_seeds(csv) == {label: "1" if label == LABELS[0] else "2" for label in LABELS}
+
+
+def test_backward_runs_outside_autocast(text_file):
+    """PyTorch's autocast covers the forward only: the backward runs in the dtypes the forward chose."""
+    model = gla.GPT(gla.make_config("tiny", "gla2", n_layer=1))
+    enabled = []
+    model.lm_head.weight.register_hook(lambda grad: enabled.append(torch.is_autocast_enabled("cpu")))
+    data = train.load_data(str(text_file), 32, 256)
+    x, y = train.get_batch(data, "train", 0, 2, 32, seed=0)
+    args = train.get_args(["--grad_accum", "1", "--batch_size", "2"])
+    train.train_step(model, x, y, args, train.Context(torch.device("cpu"), torch.bfloat16))
+    assert enabled == [False]
+
+
+def test_sampling_compiles_the_decode_step_with_compile(tmp_path, monkeypatch, capsys):
+    """--compile with --sample compiles the decode step (GPT.generate's compile=True)."""
+    path = tmp_path / "gla2.pt"
+    save_run(path, small_model("gla2", block_size=32))
+    asked = []
+    real = gla.GPT.generate
+
+    def generate(self, idx, max_new_tokens, temperature, top_k, compile):
+        asked.append(compile)
+        return real(self, idx, max_new_tokens, temperature, top_k)  # eager: a compile takes minutes on a CPU
+
+    monkeypatch.setattr(gla.GPT, "generate", generate)
+    for flags, compiled in (([], False), (["--compile"], True)):
+        assert run_train(["--sample", str(path), "--max_new_tokens", "2", *flags]) == 0
+        assert asked.pop() is compiled
+
+
+def test_a_config_built_by_hand_without_its_designs_fields_is_one_assert():
+    with pytest.raises(AssertionError, match="^mla's own fields are unset: make_config sets them$"):
+        gla.GPTConfig(attn="mla")
+
+
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU (run by bench/gpu_check.py)")
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_compiled_decoding_on_cuda_equals_eager(variant):

@@ -376,8 +376,9 @@ def train_step(model, x, y, args, ctx):
     for m, (xb, yb) in enumerate(micro_batches(x, y, args.grad_accum, ctx.device)):
         last = m == args.grad_accum - 1
         sync = nullcontext() if last or ctx.world_size == 1 else model.no_sync()
-        with ctx.autocast(), sync:
-            _, loss = model(xb, yb)
+        with sync:
+            with ctx.autocast():  # the forward only: backward runs in the dtypes the forward chose
+                _, loss = model(xb, yb)
             (loss / args.grad_accum).backward()
         total += loss.detach().double() / args.grad_accum  # float64: no float32 rounding in the step's sum
     return total
@@ -635,7 +636,7 @@ def sample(args):
         torch.manual_seed(args.seed)
         started = time.perf_counter()
         idx = torch.tensor([list(prompt)], device=ctx.device)
-        tokens = model.generate(idx, args.max_new_tokens, args.temperature, args.top_k)[0].tolist()  # waits for it
+        tokens = model.generate(idx, args.max_new_tokens, args.temperature, args.top_k, args.compile)[0].tolist()
         seconds = time.perf_counter() - started
         if tokenizer == "bytes":
             text = bytes(tokens).decode("utf-8", errors="backslashreplace")  # a half-learned character shows as \xNN
@@ -643,7 +644,7 @@ def sample(args):
             text = encoding.decode(tokens)
         log(ctx, f"== {path}: {config.attn}, {config.n_head} query heads, temperature {args.temperature}, "
                  f"{ctx.world_size} process(es)\n{text}\n-- {args.max_new_tokens} new tokens in {seconds:.3f} s")
-        if args.data:  # the loss on validation windows 0 .. eval_iters - 1, one at a time, as training reads them
+        if args.data:  # the loss on validation windows 0 .. eval_iters - 1 of --seed's order, one a forward
             data = load_data(args.data, config.block_size, config.vocab_size)
             if data.tokenizer != tokenizer:
                 raise SystemExit(f"train.py: {path} reads {tokenizer} tokens, not {data.tokenizer}")

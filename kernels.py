@@ -173,8 +173,10 @@ if triton is not None:
 # fills the SMs.
 
 if triton is not None:
+    # Tiles of 16 tokens are float32's: MLA's 512-wide latent in float32 takes 110 KiB at 32 (more than sm_86's and
+    # sm_89's 99 KiB per block) and spills everywhere; bf16 picks among all five.
     CONFIGS = [triton.Config({"BLOCK_N": n}, num_warps=4, num_stages=s)
-               for n, s in ((32, 2), (32, 3), (32, 4), (64, 3))]
+               for n, s in ((32, 2), (32, 3), (32, 4), (64, 3), (16, 2))]
     # Keyed by the tile's shape, not the cache length (it grows every step); the interpreter takes the first config.
     _decode_split_kernel = triton.autotune(CONFIGS[:1] if INTERPRET else CONFIGS,
                                            key=["BLOCK_M", "BLOCK_DK", "BLOCK_DV", "HAS_QV"])(_split_kernel)

@@ -606,7 +606,7 @@ def test_tensor_parallel_greedy_decode_matches_one_process(tmp_path, capsys):
                 for m in models]
     assert sampled_texts(one) == sampled_texts(two.stdout) == expected
 
-    assert two.stdout.count("temperature 0.0, 2 process(es)") == 3  # each model sampled by two shards
+    assert two.stdout.count("float32, temperature 0.0, 2 process(es)") == 3  # each model sampled by two shards
 
 
 def run_tensor_parallel(model, tp, fn, monkeypatch):

@@ -590,7 +590,6 @@ def train_job(args):
               mininterval=0.1 if sys.stderr.isatty() else 60) as bar:
         for run_args, variant, double_heads, spec in runs:
             train_run(run_args, variant, double_heads, spec, data, ctx, bar)
-    return ctx
 
 
 # ---- Sampling through GPT.generate, on one process or tensor-parallel under torchrun (gla.shard_for_tp)
@@ -642,7 +641,8 @@ def sample(args):
             text = bytes(tokens).decode("utf-8", errors="backslashreplace")  # a half-learned character shows as \xNN
         else:
             text = encoding.decode(tokens)
-        log(ctx, f"== {path}: {config.attn}, {config.n_head} query heads, temperature {args.temperature}, "
+        dtype = str(ctx.dtype).removeprefix("torch.")
+        log(ctx, f"== {path}: {config.attn}, {config.n_head} query heads, {dtype}, temperature {args.temperature}, "
                  f"{ctx.world_size} process(es)\n{text}\n-- {args.max_new_tokens} new tokens in {seconds:.3f} s")
         if args.data:  # the loss on validation windows 0 .. eval_iters - 1 of --seed's order, one a forward
             data = load_data(args.data, config.block_size, config.vocab_size)
@@ -654,7 +654,6 @@ def sample(args):
                 with torch.no_grad():
                     total += model(x.to(ctx.device), y.to(ctx.device))[1].item()
             log(ctx, f"-- validation loss {total / args.eval_iters:.4f} nats a token over {args.eval_iters} windows")
-    return ctx
 
 
 # ---- main: the one place where an error becomes a line
@@ -663,8 +662,11 @@ def main(argv=None):
     line on stderr; every file saved before stays whole."""
     args = get_args(argv)
     try:
-        ctx = sample(args) if args.sample else train_job(args)
-        if ctx.world_size > 1:  # under torchrun: every process waits for rank 0's last writes, then leaves
+        if args.sample:
+            sample(args)
+        else:
+            train_job(args)
+        if dist.is_initialized():  # under torchrun: every process waits for rank 0's last writes, then leaves
             dist.barrier()
             dist.destroy_process_group()
     except OSError as e:  # a full disk, a folder under a file, a missing path

@@ -5,7 +5,9 @@ Each model is gla.make_config("paper", variant, double_heads) cut to one layer a
 head would outweigh the layer). A step is GPT.decode of Lq new tokens after S cached ones in each of B sequences: the
 model's own decode path (the absorbed form, the cache; on a CPU kernels.decode_attention_ref in float32, on a GPU the
 Triton kernel in bf16). At batch 1 a layer's weights (0.5 GB in float32) outweigh its cache until tens of thousands of
-tokens, so each row gives the whole step and the cache's part of it: the step at S less the step at S = 1.
+tokens, so each row gives the whole step and the cache's part of it: the layer's decode attention over the cache
+(KVCache.attend, the call the step makes), timed by itself. (The step at S less the step at S = 1, the earlier
+measure, is the difference of two noisy times: below about 8K tokens it fell under its own floor and even below 0.)
 
 Per row: milliseconds (median of --repeats interleaved calls), bytes read, FLOPs, FLOP/byte, the floor
 max(bytes / bandwidth, FLOPs / peak) and the fraction of it reached. The roofs: the read bandwidth of a sum over a
@@ -171,6 +173,28 @@ def time_steps(config, B, Lq, seqlens, repeats, device, dtype, clock):
     return {S: statistics.median(t) for S, t in times.items()}
 
 
+def time_attention(config, B, Lq, seqlens, repeats, device, dtype, clock):
+    """{S: median seconds of the layer's decode attention alone (KVCache.attend, as a step calls it) of Lq new tokens
+    after S cached, in each of B sequences}, the calls interleaved, over a cache of random values."""
+    (Hk, Dk), (Hkv, Dv) = config.kv_cache_shapes
+    cache = gla.KVCache(B, max(seqlens) + Lq, (Hk, Dk), (Hkv, Dv), device, dtype)
+    cache.k_cache.normal_()
+    cache.v_cache.normal_()
+    q = torch.randn(B, Lq, config.n_head, Dk, device=device, dtype=dtype)  # GQA's query, or the rope query
+    qv = None if config.attn == "gqa" else torch.randn(B, Lq, config.n_head, Dv, device=device, dtype=dtype)
+
+    def attend(S):
+        positions = S + torch.arange(Lq, device=device).expand(B, Lq)
+
+        def call():
+            cache.attend(q, positions, S + Lq, qv)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+        return call
+    times = time_interleaved({S: attend(S) for S in seqlens}, repeats, clock=clock)
+    return {S: statistics.median(t) for S, t in times.items()}
+
+
 def measure_rows(models, batches, lqs, seqlens, repeats, tp, device, dtype, roofs):
     """One dict per (model, B, Lq, S): the step and its cache part, each with ms, bytes, flops, floor_ms, bound."""
     elem = torch.empty(0, dtype=dtype).element_size()
@@ -179,15 +203,14 @@ def measure_rows(models, batches, lqs, seqlens, repeats, tp, device, dtype, roof
         config = layer_config(variant, double_heads, tp)
         for B in batches:
             for Lq in lqs:
-                seconds = time_steps(config, B, Lq, [1, *seqlens], repeats, device, dtype, roofs.clock)
-                base = step_cost(config, B, Lq, 1, elem)
+                seconds = time_steps(config, B, Lq, seqlens, repeats, device, dtype, roofs.clock)
+                attention = time_attention(config, B, Lq, seqlens, repeats, device, dtype, roofs.clock)
                 for S in seqlens:
                     step = step_cost(config, B, Lq, S, elem)
-                    part = step[0] - base[0], step[1] - base[1]
+                    part = cache_cost(config, B, Lq, S + Lq, elem)
                     row = dict(variant=variant, double_heads=double_heads, n_head=config.n_head,
                                elems=config.kv_cache_elems_per_token_per_layer, B=B, Lq=Lq, S=S)
-                    for name, (nbytes, flops), t in (("step", step, seconds[S]),
-                                                     ("cache", part, seconds[S] - seconds[1])):
+                    for name, (nbytes, flops), t in (("step", step, seconds[S]), ("cache", part, attention[S])):
                         floor, bound = floor_seconds(nbytes, flops, roofs.bandwidth(nbytes), roofs.peak)
                         row.update({f"{name}_ms": t * 1e3, f"{name}_bytes": nbytes, f"{name}_flops": flops,
                                     f"{name}_floor_ms": floor * 1e3, f"{name}_bound": bound})
@@ -230,8 +253,7 @@ def plot_rows(rows, title, path):
                 continue
             S = [r["S"] for r in line]
             colour = plot.STYLE[variant][1]
-            measured = [r["cache_ms"] if r["cache_ms"] > 0 else float("nan") for r in line]  # noise at small S
-            ax.plot(S, measured, color=colour, lw=2, marker="o", ms=4,
+            ax.plot(S, [r["cache_ms"] for r in line], color=colour, lw=2, marker="o", ms=4,
                     label=f"{plot.STYLE[variant][0]}, {line[0]['elems']} elements/token")
             ax.plot(S, [r["cache_floor_ms"] for r in line], color=colour, lw=1.2, ls="--")
         ax.set_xscale("log", base=2)
@@ -244,7 +266,7 @@ def plot_rows(rows, title, path):
         if i == len(batches) - 1:
             ax.set_xlabel("cached tokens")
         if j == 0:
-            ax.set_ylabel("ms the cache adds to a step")
+            ax.set_ylabel("ms of the step's attention over the cache")
     fig.suptitle(f"{title}\nsolid: measured; dashed: the floor, max(bytes / bandwidth, FLOPs / peak); "
                  f"{lq} new token{'s' if lq > 1 else ''} a step", fontsize=9)
     fig.tight_layout()
@@ -351,7 +373,7 @@ def main(argv=None):
                 print(f"| {model_label(r['variant'], r['double_heads'])} | {r['B']} | {r['S']} | {ms:.1f} | "
                       f"{r['cache_ms']:.1f} | {r['cache_floor_ms']:.1f} | {r['cache_floor_ms'] / ms:.0%} |",
                       flush=True)
-    title = (f"One layer's decode step at paper dims: the cache's part against its floor\n{where}{tp}; matmul "
+    title = (f"One layer's decode attention over its cache at paper dims, against its floor\n{where}{tp}; matmul "
              f"peak {roofs.peak / 1e9:.0f} GFLOP/s (the best of 5 calls), read bandwidth measured at each size")
     os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
     plot_rows(rows, title, args.output)

@@ -3,19 +3,24 @@ a GPU.
 
 Triton compiles ahead of time for these targets on a CPU, and its wheel ships cuobjdump (registers, spill stack) and
 nvdisasm (SASS) to read the result. For every row, each of kernels.CONFIGS (the autotuner's tile length, stages and
-warps) is compiled with the specialisation the runtime would give the row's launch (meta tensors, bf16, the head
-blocks and splits kernels.py chooses for the target's SM count). The rows: every bench shape (the GLA paper's
+warps) is compiled with the specialisation the runtime would give the row's launch (meta tensors, the row's dtype,
+the head blocks and splits kernels.py chooses for the target's SM count). The rows: every bench shape (the GLA paper's
 per-device decode shapes) at B 1 and 32, Lq 1 and 2, 8K / 32K / 128K cached tokens, then the decode shapes of the
 tiny, small and paper presets (each variant, baseline and double heads, B 1 and 32, Lq 1 and 2, the preset's
-block_size cached tokens). A config fits a target when its shared memory is within the target's per block and it
-does not spill; the autotuner on such a GPU skips the others. Each row also gives the roofline floor of the target's
-reference GPU: FLOP per byte, the memory floor (bytes / HBM bandwidth), the compute floor (FLOPs at the peak of the
-MMA instructions in the SASS: HGMMA, Hopper's wgmma, or mma.sync, HMMA) and which one binds.
+block_size cached tokens), in bf16; then the bench shapes again in float32 (IEEE: FFMA on the CUDA cores, not
+tensor cores, and twice the shared memory a tile). A config fits a target when its shared memory is within the
+target's per block and it does not spill; the autotuner on such a GPU skips the others. Each row also gives the
+roofline floor of the target's reference GPU: FLOP per byte, the memory floor (bytes / HBM bandwidth), the compute
+floor (FLOPs at the peak of the MMA instructions in the SASS: HGMMA, Hopper's wgmma, or mma.sync, HMMA; float32 at
+the FFMA peak) and which one binds.
 
-    python bench/gpu_build.py [--arch {80,86,89,90}] [--output builds.csv]
+    python bench/gpu_build.py [--arch {80,86,89,90}] [--dtype {bfloat16,float32}] [--output builds.csv]
 
-It exits 1 naming every row that no config fits. The analysis follows the internals of Triton 3.9 (the runtime's
-specialisation); with another version it refuses (exit 2, and the tests skip) instead of printing wrong figures.
+It exits 1 naming every row of the --dtype asked for that no config fits. In float32 that is most rows (48-60 of the 60 per target, as
+compiled here with Triton 3.9): every config of MLA's and GLA-2's float32 tiles spills on every target, and on sm_86
+and sm_89 MLA's smallest (110 KiB) is over the shared memory, so no config of it launches there. The analysis
+follows the internals of Triton 3.9 (the runtime's specialisation); with another version it refuses (exit 2, and the
+tests skip) instead of printing wrong figures.
 """
 import argparse
 import concurrent.futures
@@ -47,37 +52,40 @@ KIB = 1024
 
 class BuildTarget(NamedTuple):
     """A GPU to compile for: the most shared memory (bytes) a block may take (with the opt-in), its SMs (they set
-    the split count), the GPU whose SM count and floor we take (gpu), its HBM bandwidth (bytes/s) and dense 16-bit
-    tensor-core peak with float32 accumulation per MMA kind (FLOP/s)."""
+    the split count), the GPU whose SM count and floor we take (gpu), its HBM bandwidth (bytes/s), its dense 16-bit
+    tensor-core peak with float32 accumulation per MMA kind (FLOP/s), and its float32 peak on the CUDA cores (FFMA,
+    FLOP/s), which float32 tiles take: kernels.py asks tl.dot for IEEE float32, not TF32's tensor cores."""
     smem_per_block: int
     num_sms: int
     gpu: str
     hbm_bytes_per_s: float
     tensor_flops_per_s: dict
+    fp32_flops_per_s: float
 
 
 # Shared memory per block: the CUDA C++ Programming Guide, "Technical Specifications per Compute Capability". The
-# reference GPUs' SMs, bandwidth and peak:
-# sm_80: NVIDIA's A100 datasheet (80 GB SXM: 2,039 GB/s; BFLOAT16 Tensor Core 312 TFLOPS dense, 624 with sparsity)
-#        and the NVIDIA A100 Tensor Core GPU Architecture whitepaper (108 SMs);
-# sm_86: NVIDIA's RTX A6000 datasheet (768 GB/s, 10,752 CUDA cores: 84 SMs of 128) and the NVIDIA Ampere GA102 GPU
-#        Architecture whitepaper (v2, RTX A6000: Peak BF16 Tensor TFLOPS with FP32 Accumulate 154.8 / 309.6);
-# sm_89: the NVIDIA Ada GPU Architecture whitepaper, appendix A, GeForce RTX 4090 (128 SMs, 1,008 GB/s, Peak BF16
-#        Tensor TFLOPS with FP32 Accumulate 165.2 / 330.4);
-# sm_90: bench/roofline.py's H200 figures (4.8 TB/s; 989 TFLOP/s through wgmma, 2/3 of it through mma.sync) and the
-#        132 SMs of an H100 or H200 SXM.
+# reference GPUs' SMs, bandwidth and peaks:
+# sm_80: NVIDIA's A100 datasheet (80 GB SXM: 2,039 GB/s; BFLOAT16 Tensor Core 312 TFLOPS dense, 624 with sparsity;
+#        FP32 19.5 TFLOPS) and the NVIDIA A100 Tensor Core GPU Architecture whitepaper (108 SMs);
+# sm_86: NVIDIA's RTX A6000 datasheet (768 GB/s, 10,752 CUDA cores: 84 SMs of 128; single-precision 38.7 TFLOPS) and
+#        the NVIDIA Ampere GA102 GPU Architecture whitepaper (v2, RTX A6000: Peak BF16 Tensor TFLOPS with FP32
+#        Accumulate 154.8 / 309.6);
+# sm_89: the NVIDIA Ada GPU Architecture whitepaper, appendix A, GeForce RTX 4090 (128 SMs, 1,008 GB/s, Peak FP32
+#        TFLOPS (non-Tensor) 82.6, Peak BF16 Tensor TFLOPS with FP32 Accumulate 165.2 / 330.4);
+# sm_90: bench/roofline.py's H200 figures (4.8 TB/s; 989 TFLOP/s through wgmma, 2/3 of it through mma.sync), NVIDIA's
+#        H200 datasheet (SXM: FP32 67 TFLOPS) and the 132 SMs of an H100 or H200 SXM.
 TARGETS = {
-    80: BuildTarget(163 * KIB, 108, "A100 SXM", 2.039e12, {"HMMA": 312e12}),
-    86: BuildTarget(99 * KIB, 84, "RTX A6000", 768e9, {"HMMA": 154.8e12}),
-    89: BuildTarget(99 * KIB, 128, "RTX 4090", 1008e9, {"HMMA": 165.2e12}),
-    90: BuildTarget(227 * KIB, 132, "H200 SXM", H200_HBM_BYTES_PER_S, H200_TENSOR_FLOPS_PER_S),
+    80: BuildTarget(163 * KIB, 108, "A100 SXM", 2.039e12, {"HMMA": 312e12}, 19.5e12),
+    86: BuildTarget(99 * KIB, 84, "RTX A6000", 768e9, {"HMMA": 154.8e12}, 38.7e12),
+    89: BuildTarget(99 * KIB, 128, "RTX 4090", 1008e9, {"HMMA": 165.2e12}, 82.6e12),
+    90: BuildTarget(227 * KIB, 132, "H200 SXM", H200_HBM_BYTES_PER_S, H200_TENSOR_FLOPS_PER_S, 67e12),
 }
 DEFAULT_ARCH = 90
 SASS_TOOLS = ("ptxas", "cuobjdump", "nvdisasm")
 TRITON_VERSION = "3.9"  # the internals _runtime_specialization mirrors
 _MMA = re.compile(r"\b(HGMMA|HMMA)\b")
 CONFIG_NAMES = [f"N{c.kwargs['BLOCK_N']} s{c.num_stages} w{c.num_warps}" for c in kernels.CONFIGS]
-COLUMNS = (["shape", "B", "Lq", "S", "rows", "head_blocks", "splits", "programs"] + CONFIG_NAMES
+COLUMNS = (["shape", "dtype", "B", "Lq", "S", "rows", "head_blocks", "splits", "programs"] + CONFIG_NAMES
            + ["fit", "MMA", "flop_per_byte", "mem_floor_us", "compute_floor_us", "bound"])
 
 
@@ -108,9 +116,14 @@ PRESET_SHAPES, PRESET_SEQLENS = _preset_shapes()
 SHAPES = {**BENCH_SHAPES, **PRESET_SHAPES}
 PRESET_BATCHES = (1, 32)
 PRESET_LQ = (1, 2)
-# The table's rows, (shape, B, Lq, S): the bench shapes, then the presets'.
-ROWS = ([(name, B, Lq, S) for name in BENCH_SHAPES for B in BENCH_BATCHES for Lq in BENCH_LQ for S in BENCH_SEQLENS]
-        + [(name, B, Lq, PRESET_SEQLENS[name]) for name in PRESET_SHAPES for B in PRESET_BATCHES for Lq in PRESET_LQ])
+# The table's rows, (shape, B, Lq, S, dtype): the bench shapes and the presets' in bf16, then the bench shapes in
+# float32, the kernel's other dtype (twice the bytes of a tile, and the CUDA cores' FFMA instead of tensor cores).
+ROWS = ([(name, B, Lq, S, "bfloat16") for name in BENCH_SHAPES for B in BENCH_BATCHES for Lq in BENCH_LQ
+         for S in BENCH_SEQLENS]
+        + [(name, B, Lq, PRESET_SEQLENS[name], "bfloat16") for name in PRESET_SHAPES for B in PRESET_BATCHES
+           for Lq in PRESET_LQ]
+        + [(name, B, Lq, S, "float32") for name in BENCH_SHAPES for B in BENCH_BATCHES for Lq in BENCH_LQ
+           for S in BENCH_SEQLENS])
 
 
 def unsupported():
@@ -130,11 +143,12 @@ def tools_dir():
     return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 
 
-def launch(name, B, Lq, S, arch=DEFAULT_ARCH, device="meta"):
-    """decode_attention's launch of a table shape for sm_<arch>'s SM count, (grid, args, meta), on meta tensors by
-    default; the autotuner's config is not in meta. kernels.py takes the SM count of the GPU it launches on: we apply
-    its split rule to the target's, num_sms // (B x Hkv x head blocks), and pass the splits."""
-    q, k_cache, v_cache, seqlens, qv = bench_inputs(name, B, S, Lq, torch.bfloat16, device, SHAPES)
+def launch(name, B, Lq, S, arch=DEFAULT_ARCH, device="meta", dtype="bfloat16"):
+    """decode_attention's launch of a table shape in dtype (a torch dtype's name) for sm_<arch>'s SM count, (grid,
+    args, meta), on meta tensors by default; the autotuner's config is not in meta. kernels.py takes the SM count of
+    the GPU it launches on: we apply its split rule to the target's, num_sms // (B x Hkv x head blocks), and pass the
+    splits."""
+    q, k_cache, v_cache, seqlens, qv = bench_inputs(name, B, S, Lq, getattr(torch, dtype), device, SHAPES)
     scale = kernels._default_scale(q.shape[3], v_cache.shape[3], qv)
     (head_blocks, _, units), *_ = kernels._split_launch(q, k_cache, v_cache, seqlens, qv, scale, S, num_splits=1)
     num_splits = max(1, TARGETS[arch].num_sms // (units * head_blocks))  # units: B x Hkv
@@ -174,13 +188,13 @@ def _split_kernel_jit():
     return fn if isinstance(fn, JITFunction) else JITFunction(fn.fn)
 
 
-def _build_key(arch, name, B, Lq, S, config):
-    """The _compile key of a table shape's launch for sm_<arch> with kernels.CONFIGS[config]: builds that specialise
+def _build_key(arch, name, B, Lq, S, dtype, config):
+    """The _compile key of a table row's launch for sm_<arch> with kernels.CONFIGS[config]: builds that specialise
     alike share one key."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import make_backend
     c = kernels.CONFIGS[config]
-    _, args, meta = launch(name, B, Lq, S, arch)
+    _, args, meta = launch(name, B, Lq, S, arch, dtype=dtype)
     signature, constexprs, attrs = _runtime_specialization(_split_kernel_jit(), args, {**meta, **c.kwargs},
                                                            make_backend(GPUTarget("cuda", arch, 32)))
     attrs = tuple((k, tuple(map(tuple, v))) for k, v in attrs.items())
@@ -215,14 +229,15 @@ def _read_cubin(cubin):
     return runs[0].stdout, runs[1].stdout
 
 
-_FIGURES = {}  # (arch, shape, B, Lq, S, config) -> figures
+_FIGURES = {}  # (arch, shape, B, Lq, S, dtype, config) -> figures
 
 
 def figures_many(builds):
-    """What the split kernel compiles to for each (arch, shape, B, Lq, S, config) of builds (sm_<arch>, bf16, all B
-    sequences at S cached tokens, config an index into kernels.CONFIGS), each computed once, as dicts: regs, stack
-    (spill bytes), spills (STL/LDL instructions), smem (bytes per CTA), smem_limit (the target's per block), mma
-    (HGMMA/HMMA instructions), mma_kind ("HGMMA", "HMMA" or "none") and fits (within smem_limit, no spills).
+    """What the split kernel compiles to for each (arch, shape, B, Lq, S, dtype, config) of builds (sm_<arch>, all B
+    sequences at S cached tokens, dtype a torch dtype's name, config an index into kernels.CONFIGS), each computed
+    once, as dicts: regs, stack (spill bytes), spills (STL/LDL instructions), smem (bytes per CTA), smem_limit (the
+    target's per block), mma (HGMMA/HMMA instructions), mma_kind ("HGMMA", "HMMA" or "none"), ffma (FFMA
+    instructions) and fits (within smem_limit, no spills).
 
     Under TRITON_INTERPRET=1 (the CPU tests) Triton's compiler cannot run in this process (its code generator would
     call the interpreter's tl.max, tl.sum and co.), so we compute them in one child process without that variable."""
@@ -257,32 +272,39 @@ def figures_many(builds):
             mma = _MMA.findall(sass)
             _FIGURES[b] = dict(regs=regs, stack=stack, spills=spills, smem=smem, dynamic_smem=dynamic_smem,
                                smem_limit=limit, mma=len(mma), mma_kind=mma[0] if mma else "none",
+                               ffma=len(re.findall(r"\bFFMA\b", sass)),
                                fits=smem <= limit and stack == 0 and spills == 0)
     return [_FIGURES[b] for b in builds]
 
 
 def rows_of(arch, rows=None):
-    """The table of sm_<arch>, one dict per row of rows (None: ROWS): shape, B, Lq, S, BLOCK_M (rows of a tile),
-    head_blocks, splits, programs, configs (figures_many's dict of each of kernels.CONFIGS), fit (the indices of the
-    configs that fit), and the floor of the target's reference GPU: flop_per_byte, mem_floor_s, compute_floor_s (at
-    the peak of the MMA kind the configs that fit issue), bound ("memory" or "compute")."""
+    """The table of sm_<arch>, one dict per row of rows (None: ROWS): shape, dtype, B, Lq, S, BLOCK_M (rows of a
+    tile), head_blocks, splits, programs, configs (figures_many's dict of each of kernels.CONFIGS), fit (the indices
+    of the configs that fit), and the floor of the target's reference GPU: flop_per_byte, mem_floor_s,
+    compute_floor_s (bf16: at the peak of the MMA kind the configs that fit issue; float32: the CUDA cores' FFMA
+    peak), bound ("memory" or "compute")."""
     rows = ROWS if rows is None else rows
     n = len(kernels.CONFIGS)
     figures = figures_many([(arch, *row, c) for row in rows for c in range(n)])
     target, table = TARGETS[arch], []
-    for i, (name, B, Lq, S) in enumerate(rows):
-        grid, _, meta = launch(name, B, Lq, S, arch)
+    for i, (name, B, Lq, S, dtype) in enumerate(rows):
+        grid, _, meta = launch(name, B, Lq, S, arch, dtype=dtype)
         configs = figures[i * n:(i + 1) * n]
         fit = [c for c in range(n) if configs[c]["fits"]]
         Hq, Hkv, Hk, Dk, Dv, use_qv = SHAPES[name]
-        nbytes = call_bytes(B, Lq, Hq, Hk, Hkv, Dk, Dv, use_qv, S, 2)
+        nbytes = call_bytes(B, Lq, Hq, Hk, Hkv, Dk, Dv, use_qv, S, getattr(torch, dtype).itemsize)
         flops = call_flops(B, Lq, Hq, Dk, Dv, use_qv, S)
         mma_kind = configs[fit[0] if fit else 0]["mma_kind"]
-        if mma_kind == "none":
-            raise RuntimeError(f"the sm_{arch} build of {name} B={B} Lq={Lq} S={S} has no tensor-core MMA")
-        mem_floor_s, compute_floor_s = nbytes / target.hbm_bytes_per_s, flops / target.tensor_flops_per_s[mma_kind]
-        table.append(dict(shape=name, B=B, Lq=Lq, S=S, BLOCK_M=meta["BLOCK_M"], head_blocks=grid[0], splits=grid[1],
-                          programs=grid[0] * grid[1] * grid[2], configs=configs, fit=fit, mma_kind=mma_kind,
+        if dtype == "float32" and mma_kind == "none":  # IEEE float32: the CUDA cores
+            mma_kind, peak = "FFMA", target.fp32_flops_per_s
+        elif mma_kind == "none":
+            raise RuntimeError(f"the sm_{arch} build of {name} {dtype} B={B} Lq={Lq} S={S} has no tensor-core MMA")
+        else:
+            peak = target.tensor_flops_per_s[mma_kind]
+        mem_floor_s, compute_floor_s = nbytes / target.hbm_bytes_per_s, flops / peak
+        table.append(dict(shape=name, dtype=dtype, B=B, Lq=Lq, S=S, BLOCK_M=meta["BLOCK_M"], head_blocks=grid[0],
+                          splits=grid[1], programs=grid[0] * grid[1] * grid[2], configs=configs, fit=fit,
+                          mma_kind=mma_kind,
                           flop_per_byte=flops / nbytes, mem_floor_s=mem_floor_s, compute_floor_s=compute_floor_s,
                           bound="compute" if compute_floor_s > mem_floor_s else "memory"))
     return table
@@ -297,15 +319,15 @@ def _cell(f):
 
 def table_rows(table):
     """rows_of's dicts as rows under COLUMNS."""
-    return [[r["shape"], r["B"], r["Lq"], r["S"], r["BLOCK_M"], r["head_blocks"], r["splits"], r["programs"],
-             *map(_cell, r["configs"]), f"{len(r['fit'])}/{len(r['configs'])}", r["mma_kind"],
+    return [[r["shape"], r["dtype"], r["B"], r["Lq"], r["S"], r["BLOCK_M"], r["head_blocks"], r["splits"],
+             r["programs"], *map(_cell, r["configs"]), f"{len(r['fit'])}/{len(r['configs'])}", r["mma_kind"],
              f"{r['flop_per_byte']:.1f}", f"{r['mem_floor_s'] * 1e6:.2f}", f"{r['compute_floor_s'] * 1e6:.2f}",
              r["bound"]] for r in table]
 
 
 def failures(arch, table):
     """One line per row of sm_<arch>'s table that no config fits."""
-    return [f"sm_{arch} {r['shape']} B={r['B']} Lq={r['Lq']} S={r['S']}: no config fits "
+    return [f"sm_{arch} {r['shape']} {r['dtype']} B={r['B']} Lq={r['Lq']} S={r['S']}: no config fits "
             f"{TARGETS[arch].smem_per_block // KIB} KiB of shared memory per block without spills"
             for r in table if not r["fit"]]
 
@@ -315,13 +337,14 @@ def describe(arch):
     t = TARGETS[arch]
     peaks = ", ".join(f"{flops / 1e12:.1f} TFLOP/s {mma}" for mma, flops in t.tensor_flops_per_s.items())
     return (f"sm_{arch}: {t.smem_per_block // KIB} KiB of shared memory per block; {t.num_sms} SMs and the floor of "
-            f"an {t.gpu}: {t.hbm_bytes_per_s / 1e9:,.0f} GB/s, {peaks} (bf16, float32 accumulation, dense)")
+            f"an {t.gpu}: {t.hbm_bytes_per_s / 1e9:,.0f} GB/s, {peaks} (bf16, float32 accumulation, dense), "
+            f"{t.fp32_flops_per_s / 1e12:.1f} TFLOP/s FFMA (float32)")
 
 
-def runtime_build(name, B, Lq, S, arch, config):
-    """On a GPU of compute capability sm_<arch>: the runtime's own build of a table shape with kernels.CONFIGS[config],
+def runtime_build(name, B, Lq, S, dtype, arch, config):
+    """On a GPU of compute capability sm_<arch>: the runtime's own build of a table row with kernels.CONFIGS[config],
     loaded, as {regs, spills, dynamic_smem}, to compare with figures_many's (the premise of the CPU tests)."""
-    grid, args, meta = launch(name, B, Lq, S, arch, device="cuda")
+    grid, args, meta = launch(name, B, Lq, S, arch, device="cuda", dtype=dtype)
     kernel = kernels._decode_split_kernel.fn.warmup(*args, grid=grid, **meta, **kernels.CONFIGS[config].all_kwargs())
     kernel._init_handles()  # loads it: the driver's registers and spills
     return dict(regs=kernel.n_regs, spills=kernel.n_spills, dynamic_smem=kernel.metadata.shared)
@@ -339,12 +362,15 @@ def main(argv=None):
     parser.add_argument("--arch", type=int, choices=sorted(TARGETS), default=DEFAULT_ARCH,
                         help=f"compute capability to build for (default {DEFAULT_ARCH})")
     parser.add_argument("--output", help="also write the table to PATH as CSV")
+    parser.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16",
+                        help="the rows' dtype: bfloat16 (the default on CUDA) or float32 (on request; most rows fit "
+                             "no config)")
     args = parser.parse_args(argv)
     reason = unsupported()
     if reason:
         print(f"bench/gpu_build.py: {reason}", file=sys.stderr)
         sys.exit(2)
-    table = rows_of(args.arch)
+    table = rows_of(args.arch, [row for row in ROWS if row[-1] == args.dtype])
     rows = table_rows(table)
     print(describe(args.arch))
     widths = [max(len(str(x)) for x in col) for col in zip(COLUMNS, *rows)]

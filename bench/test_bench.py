@@ -311,7 +311,7 @@ def test_split_count_fills_the_sms_once():
     sequence until they fill more than half of the SMs and at most all of them; a launch that fills them already
     does not split. Head blocks keep a tile's accumulator within kernels.ACC_ELEMS (rows of 16 at the least)."""
     for arch, target in gpu_build.TARGETS.items():
-        for name, B, Lq, S in gpu_build.ROWS + [(name, 2, kernels.MAX_LQ, 4096) for name in common.BENCH_SHAPES]:
+        for name, B, Lq, S, *_ in gpu_build.ROWS + [(name, 2, kernels.MAX_LQ, 4096) for name in common.BENCH_SHAPES]:
             (head_blocks, splits, units), _, meta = gpu_build.launch(name, B, Lq, S, arch)
             Hq, Hkv = gpu_build.SHAPES[name][:2]
             assert units == B * Hkv and head_blocks * meta["BLOCK_M"] >= Hq // Hkv * Lq, (name, B, Lq)
@@ -356,17 +356,21 @@ def report_gpu_build_skips(request):
 
 
 # Per target, the rows with the widest tiles: the bench's MLA on one device (a 512-wide latent, 8 heads x 2 tokens a
-# tile) and GLA-2 on one device (two 256-wide latents, 32 rows), at B 32, Lq 2 and 128K cached tokens.
-WIDEST = [("MLA 1 GPU", 32, 2, 131072), ("GLA-2 1 GPU", 32, 2, 131072)]
+# tile) and GLA-2 on one device (two 256-wide latents, 32 rows), at B 32, Lq 2 and 128K cached tokens, in bf16; and
+# MLA's in float32 for sm_90 (its builds compile slowly: one target only).
+WIDEST = [("MLA 1 GPU", 32, 2, 131072, "bfloat16"), ("GLA-2 1 GPU", 32, 2, 131072, "bfloat16")]
+WIDEST_FLOAT32 = [("MLA 1 GPU", 32, 2, 131072, "float32")]
 
 
 @pytest.fixture(scope="module")
 def gpu_tables():
-    """{arch: bench/gpu_build.py's table of the WIDEST rows}, every config compiled at once (one child process under
-    the interpreter; Triton caches the builds on disk too)."""
-    builds = [(arch, *row, c) for arch in gpu_build.TARGETS for row in WIDEST for c in range(len(kernels.CONFIGS))]
-    gpu_build.figures_many(builds)
-    return {arch: gpu_build.rows_of(arch, WIDEST) for arch in gpu_build.TARGETS}
+    """{arch: bench/gpu_build.py's table of the WIDEST rows, "float32": sm_90's of WIDEST_FLOAT32}, every config
+    compiled at once (one child process under the interpreter; Triton caches the builds on disk too)."""
+    configs = range(len(kernels.CONFIGS))
+    builds = [(arch, *row, c) for arch in gpu_build.TARGETS for row in WIDEST for c in configs]
+    gpu_build.figures_many(builds + [(90, *row, c) for row in WIDEST_FLOAT32 for c in configs])
+    return {**{arch: gpu_build.rows_of(arch, WIDEST) for arch in gpu_build.TARGETS},
+            "float32": gpu_build.rows_of(90, WIDEST_FLOAT32)}
 
 
 @needs_sass_tools
@@ -388,17 +392,38 @@ def test_gpu_build_widest_tiles_have_configs_that_fit_every_target(arch, gpu_tab
 
 
 @needs_sass_tools
+def test_gpu_build_float32_tiles_take_the_cuda_cores(gpu_tables):
+    """A float32 build (kernels.py asks tl.dot for IEEE float32) issues FFMA and no tensor-core MMA: its row's compute
+    floor is the target's FFMA peak, its bytes 4 an element; a row that no config fits is named as a bf16 row is."""
+    (row,) = gpu_tables["float32"]
+    assert all(f["mma"] == 0 and f["mma_kind"] == "none" and f["ffma"] > 0 for f in row["configs"]), row["configs"]
+    Hq, Hkv, Hk, Dk, Dv, qv = common.BENCH_SHAPES["MLA 1 GPU"]
+    flops = roofline.call_flops(32, 2, Hq, Dk, Dv, qv, 131072)
+    nbytes = roofline.call_bytes(32, 2, Hq, Hk, Hkv, Dk, Dv, qv, 131072, 4)
+    target = gpu_build.TARGETS[90]
+    assert row["mma_kind"] == "FFMA" and row["compute_floor_s"] == flops / target.fp32_flops_per_s
+    assert row["mem_floor_s"] == nbytes / target.hbm_bytes_per_s and row["flop_per_byte"] == flops / nbytes
+    bf16 = gpu_tables[90][0]
+    assert [f["smem"] > g["smem"] for f, g in zip(row["configs"], bf16["configs"])] == [True] * len(kernels.CONFIGS)
+    # Only the 16-token tile (kernels.CONFIGS' last) fits MLA's 512-wide latent in float32 without spilling.
+    assert row["fit"] == [len(kernels.CONFIGS) - 1] and gpu_build.failures(90, [row]) == []
+
+
+@needs_sass_tools
 def test_gpu_build_table_from_the_command_line(tmp_path, capsys, monkeypatch, gpu_tables):
     """`bench/gpu_build.py`: its rows are the bench shapes, then the presets' decode shapes (each variant, baseline
-    and double heads, B 1 and 32, Lq 1 and 2); it prints the target's limits, then a table whose every row (and its
-    CSV) holds the figures of each config's build; a row that no config fits makes it exit 1, naming the row."""
+    and double heads, B 1 and 32, Lq 1 and 2), in bf16, then the bench shapes in float32; it prints the target's
+    limits, then a table whose every row (and its CSV) holds the figures of each config's build; a row that no config
+    fits makes it exit 1, naming the row."""
     n_bench = len(common.BENCH_SHAPES) * len(common.BENCH_BATCHES) * len(common.BENCH_LQ) * len(common.BENCH_SEQLENS)
-    assert gpu_build.ROWS[:n_bench] == [(name, B, Lq, S) for name in common.BENCH_SHAPES for B in common.BENCH_BATCHES
-                                        for Lq in common.BENCH_LQ for S in common.BENCH_SEQLENS]
-    assert len(gpu_build.ROWS) == n_bench + 3 * len(gla.VARIANTS) * 2 * 2 * 2
+    bench_rows = [(name, B, Lq, S) for name in common.BENCH_SHAPES for B in common.BENCH_BATCHES
+                  for Lq in common.BENCH_LQ for S in common.BENCH_SEQLENS]
+    assert gpu_build.ROWS[:n_bench] == [(*row, "bfloat16") for row in bench_rows]
+    assert gpu_build.ROWS[-n_bench:] == [(*row, "float32") for row in bench_rows]
+    assert len(gpu_build.ROWS) == 2 * n_bench + 3 * len(gla.VARIANTS) * 2 * 2 * 2
     paper = gla.make_config("paper", "mla", True)
     assert gpu_build.SHAPES["paper MLA double heads"] == (48, 1, 1, 64, 512, True) and paper.n_head == 48
-    assert ("paper MLA double heads", 32, 2, paper.block_size) in gpu_build.ROWS
+    assert ("paper MLA double heads", 32, 2, paper.block_size, "bfloat16") in gpu_build.ROWS
     monkeypatch.setattr(gpu_build, "ROWS", WIDEST)  # the fixture's builds: nothing to compile
     csv_path = tmp_path / "builds.csv"
     gpu_build.main(["--arch", "86", "--output", str(csv_path)])  # in process: reuses the builds of the fixture
@@ -408,7 +433,7 @@ def test_gpu_build_table_from_the_command_line(tmp_path, capsys, monkeypatch, gp
     rows = list(csv_rows(csv_path))
     assert len(rows) == len(lines) - 3 == len(WIDEST)  # limits, header, rows, "wrote ..."
     for row, shape, want in zip(rows, WIDEST, gpu_tables[86]):
-        assert (row["shape"], int(row["B"]), int(row["Lq"]), int(row["S"])) == shape
+        assert (row["shape"], int(row["B"]), int(row["Lq"]), int(row["S"]), row["dtype"]) == shape
         for column in ("head_blocks", "splits", "programs"):
             assert int(row[column]) == want[column], column
         for name, f in zip(gpu_build.CONFIG_NAMES, want["configs"]):
@@ -423,7 +448,7 @@ def test_gpu_build_table_from_the_command_line(tmp_path, capsys, monkeypatch, gp
         gpu_build.main([])
     err = capsys.readouterr().err
     assert exit_.value.code == 1, err
-    assert "sm_90 MLA 1 GPU B=32 Lq=2 S=131072: no config fits 227 KiB of shared memory per block" in err
+    assert "sm_90 MLA 1 GPU bfloat16 B=32 Lq=2 S=131072: no config fits 227 KiB of shared memory per block" in err
 
 
 def test_requirements_ask_for_the_triton_the_gpu_build_analysis_follows():
@@ -453,14 +478,99 @@ def test_run_ends_saying_how_many_gpu_build_checks_skipped_and_why(monkeypatch):
 def test_gpu_check_passes_the_kernel_and_fails_a_wrong_one(monkeypatch):
     # `bench/gpu_check.py` compares in bf16 on the GPU; here its comparison runs in float16
     # through the interpreter, on a short cache.
-    assert gpu_check.check_one("GQA-8 TP-8", 2, 2, S=40, dtype=torch.float16, device="cpu") == []
+    failures, worst = gpu_check.check_one("GQA-8 TP-8", 2, 2, S=40, dtype=torch.float16, device="cpu")
+    assert failures == [] and 0 < worst < gpu_check.CHECK_TOL
     right = kernels.decode_attention
 
     def one_tile_short(q, k_cache, v_cache, cache_seqlens, qv=None, **kw):  # drops the first 16 tokens
         return right(q, k_cache[:, 16:], v_cache[:, 16:], cache_seqlens - 16, qv)
     monkeypatch.setattr(kernels, "decode_attention", one_tile_short)
-    failures = gpu_check.check_one("GQA-8 TP-8", 2, 2, S=40, dtype=torch.float16, device="cpu")
+    failures, worst = gpu_check.check_one("GQA-8 TP-8", 2, 2, S=40, dtype=torch.float16, device="cpu")
     assert len(failures) == 3 and all(f.startswith("MISMATCH GQA-8 TP-8 B=2 Lq=2 S=40") for f in failures)
+    assert worst > gpu_check.CHECK_TOL
+
+
+def test_gpu_check_sizes_its_kernel_check_to_128k_and_the_gpus_memory():
+    """On a GPU the kernel check takes every design at batch 1 and 32, Lq 1, 2 and MAX_LQ, up to 128K cached tokens,
+    the shortest caches first; a launch whose reference would not fit 80% of an H100's 80 GB is left out (MLA and
+    GLA-2 on one device at batch 32, MAX_LQ and 128K: their float32 scores alone are 3 x 17 GB)."""
+    configs = gpu_check.check_configs()
+    assert len(configs) == len(common.BENCH_SHAPES) * 2 * 3 * 3 and configs[0][3] == 8192
+    assert [S for *_, S in configs] == sorted(S for *_, S in configs) and configs[-1][3] == 131072
+    assert {(B, Lq) for _, B, Lq, _ in configs} == {(B, Lq) for B in (1, 32) for Lq in (1, 2, kernels.MAX_LQ)}
+    too_big = [c for c in configs if gpu_check.reference_bytes(*c, 2, common.BENCH_SHAPES) > 0.8 * 80e9]
+    assert too_big == [("MLA 1 GPU", 32, kernels.MAX_LQ, 131072), ("GLA-2 1 GPU", 32, kernels.MAX_LQ, 131072)]
+
+
+def test_gpu_check_gives_a_crash_a_hang_and_an_error_their_rows(tmp_path, monkeypatch, capsys):
+    """Each check runs apart: a child that dies or hangs past its limit, or a check that raises, fails its own row
+    with the first line of its reason; a check that needs an earlier one's output skips; any failure exits 1."""
+    env = dict(os.environ)
+    status, lines = gpu_check.run_command([sys.executable, "-c", "print('before', flush=True); import os; os.abort()"],
+                                          60, env)
+    assert status < 0 and gpu_check.command_failure(status, lines, 60) == f"killed by signal {-status}: before"
+    status, lines = gpu_check.run_command([sys.executable, "-c", "import time; time.sleep(60)"], 1, env)
+    assert status is None and gpu_check.command_failure(status, lines, 1) == "ran past its 1 s limit (killed)"
+    session = gpu_check.Session("cpu", tmp_path)
+    monkeypatch.setattr(gpu_check.Session, "check_train", lambda self: 1 / 0)
+    assert session.check("train")[::2] == ("FAIL", "ZeroDivisionError: division by zero")
+    assert session.check("sample")[::2] == ("skip", "no training run to sample (the train check did not pass)")
+    results = {name: ("pass", 1.0, "fine") for name in gpu_check.CHECKS}
+    results["kernel"] = ("FAIL", 2.5, "MISMATCH here\nand more")
+    monkeypatch.setattr(gpu_check.Session, "check", lambda self, name: results[name])
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # main sets it for --device cpu: given back after the test
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_:
+        gpu_check.main(["--device", "cpu"])
+    assert exit_.value.code == 1
+    table = capsys.readouterr().out.strip().splitlines()
+    assert table[0].split() == ["check", "result", "seconds", "figure", "or", "reason"] and len(table) == 8
+    assert re.fullmatch(r"kernel +FAIL +2\.5 +MISMATCH here", table[2]), table
+
+
+def test_gpu_check_speed_figures_from_its_timings(monkeypatch, capsys):
+    """The speed check's arithmetic, its timer and kernel stood in for: a call that takes 10 us against the bytes it
+    must read at the copy bandwidth (a 1 KiB copy in 1 ns: 2 bytes moved each, 2.048 TB/s)."""
+    testing = pytest.importorskip("triton.testing")
+    monkeypatch.setattr(gpu_check, "COPY_BYTES", 1024)
+    monkeypatch.setattr(gpu_check, "SPEED_SEQLEN", 32)
+    monkeypatch.setattr(kernels, "decode_attention", lambda *args, **kw: None)
+
+    def do_bench(fn, return_mode):  # milliseconds: 1 ns for the copy, 10 us for a call
+        fn()
+        return 1e-6 if "copy_" in fn.__code__.co_names else 1e-2
+    monkeypatch.setattr(testing, "do_bench", do_bench)
+    figure = gpu_check.speed_check("cpu")
+    bw = 2 * 1024 / 1e-9
+    pct = {(name, B): 100 * roofline.call_bytes(B, 1, Hq, Hk, Hkv, Dk, Dv, qv, 32, 2) / bw / 1e-5
+           for name, (Hq, Hkv, Hk, Dk, Dv, qv) in common.BENCH_SHAPES.items() for B in gpu_check.SPEED_BATCHES}
+    (low, low_at), (high, high_at) = min((v, k) for k, v in pct.items()), max((v, k) for k, v in pct.items())
+    assert figure == (f"{low:.0f}% ({low_at[0]} B={low_at[1]}) to {high:.0f}% ({high_at[0]} B={high_at[1]}) of the "
+                      "copy floor, 2048 GB/s, 32 tokens")
+    assert "device-to-device copy bandwidth 2048 GB/s" in capsys.readouterr().out
+
+
+def test_gpu_check_dry_run_on_a_cpu_prints_a_row_per_check():
+    """`bench/gpu_check.py --device cpu` runs every check's plumbing that a CPU can (the kernel check in the
+    interpreter, training, torchrun with gloo, sampling, compiled decoding where there is a C++ compiler), skips the
+    CUDA tests and the speed check, ends with one table, a row per check, and exits 0."""
+    r = subprocess.run([sys.executable, str(REPO / "bench" / "gpu_check.py"), "--device", "cpu"], cwd="/",
+                       capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    table = r.stdout.strip().splitlines()[-len(gpu_check.CHECKS) - 1:]
+    assert re.split(r"\s{2,}", table[0]) == ["check", "result", "seconds", "figure or reason"], table
+    rows = {name: re.split(r"\s{2,}", line, maxsplit=3)[1:] for name, line in zip(gpu_check.CHECKS, table[1:])}
+    assert all(line.startswith(name + " ") for name, line in zip(gpu_check.CHECKS, table[1:])), table
+    assert rows["cuda tests"][0] == rows["speed"][0] == "skip", table
+    assert rows["speed"][2].startswith("needs a GPU") and rows["cuda tests"][2] == "needs a CUDA GPU"
+    for name in ("kernel", "train", "torchrun", "sample"):
+        assert rows[name][0] == "pass", table
+    assert re.fullmatch(r"11 launches \(float32\), worst relative error [\d.e-]+, interpreter, dry shapes",
+                        rows["kernel"][2])
+    assert re.fullmatch(r"val_loss \d+\.\d+ at step 4, float32 \(gloo\)", rows["torchrun"][2])
+    assert rows["sample"][2].startswith("32 new tokens in ")
+    assert rows["compile"][0] == ("pass" if gpu_check.skip_reason("compile", "cpu") is None else "skip"), table
+    assert all(float(seconds) >= 0 for _, seconds, _ in rows.values())
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="checks the behaviour without a GPU")
@@ -477,7 +587,9 @@ def test_gpu_commands_without_cuda_exit_2(command):
 def test_gpu_build_figures_match_this_cuda_gpus_own_build():
     """The premise of the CPU build tests: on a GPU of a target's compute capability, the runtime's build has the
     registers, spills and shared memory of the ahead-of-time one, for the widest rows in every config that fits
-    (run by bench/gpu_check.py)."""
+    (run by bench/gpu_check.py); and MLA's float32 row, in every config within the shared memory, has the registers
+    and shared memory of the ahead-of-time build, spilling where it spills (the driver counts spills in its own
+    unit)."""
     major, minor = torch.cuda.get_device_capability()
     arch = 10 * major + minor
     if arch not in gpu_build.TARGETS:
@@ -486,7 +598,14 @@ def test_gpu_build_figures_match_this_cuda_gpus_own_build():
         for c in row["fit"]:
             f = row["configs"][c]
             want = dict(regs=f["regs"], spills=0, dynamic_smem=f["dynamic_smem"])
-            assert gpu_build.runtime_build(row["shape"], row["B"], row["Lq"], row["S"], arch, c) == want, (row, c)
+            build = gpu_build.runtime_build(row["shape"], row["B"], row["Lq"], row["S"], row["dtype"], arch, c)
+            assert build == want, (row, c)
+    for row in gpu_build.rows_of(arch, WIDEST_FLOAT32):
+        for c, f in enumerate(row["configs"]):
+            if f["smem"] <= f["smem_limit"]:
+                build = gpu_build.runtime_build(row["shape"], row["B"], row["Lq"], row["S"], row["dtype"], arch, c)
+                got = (build["regs"], build["dynamic_smem"], build["spills"] > 0)
+                assert got == (f["regs"], f["dynamic_smem"], f["stack"] > 0), (row["shape"], c, build, f)
 
 
 # ----------------------------------------------------------------------------
@@ -543,14 +662,14 @@ def test_decode_speed_command_prints_rows_and_draws(tmp_path, capsys):
     try:
         decode_speed.main(["--variants", "gla2", "--heads", "double", "--batch", "2", "--lq", "1", "2", "--min_tokens",
                            "8", "--max_tokens", "16", "--repeats", "1", "--threads", "1", "--tp", "2", "--clock", "cpu",
-                           "--output", str(png)])
+                           "--device", "cpu", "--output", str(png)])
     finally:
         torch.set_num_threads(threads)  # --threads 1 set this process's: later tests see torch's own
     out = capsys.readouterr().out
     assert "TP-2: rank 0's shard" in out and f"torch {torch.__version__}" in out and "CPU time" in out
     number = r"-?\d+\.\d"
-    for S in (8, 16):  # GLA-2 double heads under TP-2: 24 heads and 320 cached elements a rank
-        mb = 2 * (S - 1) * 320 * 4 / 1e6
+    for S in (8, 16):  # GLA-2 double heads under TP-2: 24 heads and 320 cached elements a rank; Lq 2 new tokens
+        mb = 2 * (S + 2) * 320 * 4 / 1e6
         assert re.search(rf"^\| GLA-2 x2 heads \| 24 \| 2 \| 2 \| {S} \| {number} \| {number} (memory|compute) \| "
                          rf"-?\d+% \| {number} \| {mb:.0f} \| ", out, re.M), out
     for S in (8, 16):  # the products alone, at Lq 1 only
@@ -559,7 +678,7 @@ def test_decode_speed_command_prints_rows_and_draws(tmp_path, capsys):
     rows, title = decode_speed.read_rows(png.with_suffix(".csv"))  # what --from_csv redraws from
     assert [(r["S"], r["Lq"], r["double_heads"]) for r in rows] == [(8, 1, True), (16, 1, True), (8, 2, True),
                                                                     (16, 2, True)]
-    assert all(r["cache_bytes"] == 2 * (r["S"] - 1) * 320 * 4 for r in rows) and "TP-2" in title
+    assert all(r["cache_bytes"] == 2 * (r["S"] + r["Lq"]) * 320 * 4 for r in rows) and "TP-2" in title
     redrawn = tmp_path / "again.png"
     assert decode_speed.main(["--from_csv", str(png.with_suffix(".csv")), "--output", str(redrawn)]) == 0
     assert redrawn.read_bytes()[:8] == PNG_MAGIC

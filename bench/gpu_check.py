@@ -353,8 +353,9 @@ class Session:
     """What the checks share: the device, a scratch folder, the children's environment, and the training run that
     sampling reads."""
 
-    def __init__(self, device, tmp):
+    def __init__(self, device, tmp, only=None):
         self.device = device
+        self.only = only  # the checks to run (None: all)
         self.tmp = pathlib.Path(tmp)
         self.env = dict(os.environ, PYTHONUNBUFFERED="1")
         if device == "cuda":
@@ -448,6 +449,8 @@ class Session:
         started = time.time()
         method = getattr(self, "check_" + name.replace(" ", "_"), None)
         try:
+            if self.only and name not in self.only:
+                raise Skip("not asked (--only)")
             if skip_reason(name, self.device):
                 raise Skip(skip_reason(name, self.device))
             status, figure = "pass", method() if method else self.in_child(name)
@@ -493,6 +496,8 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
                         help="cuda (default): the GPU path; cpu: a dry run of the checks' plumbing")
+    parser.add_argument("--only", nargs="+", choices=CHECKS, metavar="CHECK",
+                        help=f"run these checks only, of {', '.join(CHECKS)} (sample needs train)")
     parser.add_argument("--child", choices=sorted(IN_CHILD), help=argparse.SUPPRESS)  # one check, in this process
     args = parser.parse_args(argv)
     if args.device == "cpu":
@@ -506,7 +511,7 @@ def main(argv=None):
     if args.child:
         return run_child(args.child, args.device)
     with tempfile.TemporaryDirectory(prefix="gpu_check_") as tmp:
-        session = Session(args.device, tmp)
+        session = Session(args.device, tmp, args.only)
         results = {name: session.check(name) for name in CHECKS}
     print_table(results)
     sys.exit(1 if any(status == "FAIL" for status, _, _ in results.values()) else 0)

@@ -29,7 +29,7 @@ the first line of its reason (the full output is above the table). The checks an
 The time on one H100 is an estimate, not a measurement (nothing here has run on a GPU yet): the CUDA tests 2-3 min
 (the GPU builds of the widest tiles are compiled twice, ahead of time and by the runtime), the kernel check 2-4 min
 (90 launches, 88 on an H100, whose memory cannot hold the two largest references, 71 GB each; about 15 tile shapes
-for the autotuner to compile in 4 configs each), training and torchrun about a minute together, sampling 15 s,
+for the autotuner to compile in 5 configs each), training and torchrun about a minute together, sampling 15 s,
 compiling 3 models 1-2 min, the speed check 30 s: 7-11 minutes. Each check has a time limit (LIMITS_S) past which it
 is killed and fails, and the kernel check starts no launch after KERNEL_BUDGET_S (those left are counted in its row).
 

@@ -695,8 +695,8 @@ def test_sampling_command_bad_input_is_one_line(tmp_path, capsys):
         ([str(path), "--max_new_tokens", "32"], "a prompt of 1 tokens and --max_new_tokens 32 must fit the model's "
                                                 "block_size, 32"),
         ([str(path), "--prompt", "x" * 20, "--max_new_tokens", "13"], "a prompt of 20 tokens"),
-        ([str(path), "--prompt", ""], "a prompt of 0 tokens"),
-        ([str(tmp_path / "none.pt")], "cannot load"),
+        ([str(path), "--prompt", ""], "--prompt is empty"),
+        ([str(tmp_path / "none.pt")], "--sample takes a run's folder"),
         ([str(tmp_path / "junk.pt")], "cannot load"),
         ([str(path), "--temperature", "-1"], never),
         ([str(path), "--temperature", "nan"], never),
@@ -2161,6 +2161,18 @@ def test_ctrl_c_is_one_line_and_resume_gives_identical_metrics(tmp_path, text_fi
     assert saved <= torch.load(rdir(out, "gla2") / "ckpt.pt", weights_only=True)["iter"] <= at
     assert run_train([*args, "--out_dir", str(out), "--resume"]) == 0
     assert strip_timing(metrics(out, "gla2")) == strip_timing(metrics(tmp_path / "ref", "gla2"))
+
+
+def test_ctrl_c_before_the_training_loop_is_one_line_too(tmp_path, monkeypatch, capsys):
+    """Ctrl-C while the corpus is read (seconds for the stdlib's) says it stopped, not an empty "train.py: "."""
+    def interrupted(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(train, "load_data", interrupted)
+    with pytest.raises(SystemExit) as stop:
+        train.main(["--out_dir", str(tmp_path), *CPU])
+    err = capsys.readouterr().err
+    assert stop.value.code == 130 and err == "train.py: stopped\n"
 
 
 def test_sigterm_to_the_group_is_silent_and_resume_finishes_every_run(tmp_path, text_file):

@@ -605,7 +605,8 @@ def load_model(path, dtype):
         return model.to(dtype), ckpt["config"]["data"]["tokenizer"]
     except Exception as e:  # missing, truncated, or foreign
         reason = " ".join(str(e).split())  # torch's messages span lines
-        raise SystemExit(f"train.py: cannot load {path} ({type(e).__name__}: {reason})") from None
+        raise SystemExit(f"train.py: cannot load {path} ({type(e).__name__}: {reason}); --sample takes a run's "
+                         "folder, <out_dir>/<run>/seed<seed>, its ckpt.pt, or a folder of the MLRA release") from None
 
 
 def sample(args):
@@ -629,7 +630,9 @@ def sample(args):
                 raise SystemExit("train.py: GPT-2 tokens need tiktoken: pip install tiktoken") from None
             encoding = tiktoken.get_encoding("gpt2")
             prompt = encoding.encode(args.prompt)
-        if not prompt or len(prompt) + args.max_new_tokens > config.block_size:
+        if not prompt:
+            raise SystemExit("train.py: --prompt is empty: give it at least one character")
+        if len(prompt) + args.max_new_tokens > config.block_size:
             raise SystemExit(f"train.py: a prompt of {len(prompt)} tokens and --max_new_tokens {args.max_new_tokens} "
                              f"must fit the model's block_size, {config.block_size}")
         torch.manual_seed(args.seed)
@@ -675,7 +678,7 @@ def main(argv=None):
     except torch.OutOfMemoryError:
         raise SystemExit("train.py: out of memory; python bench/memory.py names the --grad_accum that fits") from None
     except KeyboardInterrupt as e:
-        print(f"train.py: {e or 'stopped'}", file=sys.stderr)
+        print(f"train.py: {str(e) or 'stopped'}", file=sys.stderr)  # outside the loop, a KeyboardInterrupt says nothing
         raise SystemExit(130) from None
 
 

@@ -10,7 +10,7 @@ Each check runs in a process of its own (a crash, a hung kernel or a CUDA error 
 output echoed as it comes; the table at the end gives each check's result, seconds, and a figure or, for a failure,
 the first line of its reason (the full output is above the table). The checks and what each proves:
 
-  cuda tests  `pytest -k cuda test_gla.py bench/test_bench.py` passes: the compiled kernel in each dtype, the model's
+  cuda_tests  `pytest -k cuda test_gla.py bench/test_bench.py` passes: the compiled kernel in each dtype, the model's
               decode path into it, compiled decoding, the GPU build figures against this GPU's own builds.
   kernel      decode_attention (bf16) equals decode_attention_ref within CHECK_TOL in every launch of
               check_configs(): each design of BENCH_SHAPES at batch 1 and 32, 8K / 32K / 128K cached tokens (where
@@ -65,9 +65,9 @@ import torch  # noqa: E402
 # TRITON_INTERPRET must be set before Triton is.
 
 # The table's rows, in order.
-CHECKS = ("cuda tests", "kernel", "train", "torchrun", "sample", "compile", "speed")
+CHECKS = ("cuda_tests", "kernel", "train", "torchrun", "sample", "compile", "speed")
 # Wall seconds a check may take before it is killed and fails.
-LIMITS_S = {"cuda tests": 420, "kernel": 480, "train": 240, "torchrun": 240, "sample": 180, "compile": 420,
+LIMITS_S = {"cuda_tests": 420, "kernel": 480, "train": 240, "torchrun": 240, "sample": 180, "compile": 420,
             "speed": 240}
 KERNEL_BUDGET_S = 360  # the kernel check starts no launch after this; those left count in its figure
 MEMORY_MARGIN = 0.8  # a launch may take at most this fraction of the GPU's free memory
@@ -296,7 +296,7 @@ def skip_reason(name, device):
     cannot, nor the kernel check without Triton, nor compiled decoding without a C++ compiler."""
     if device == "cuda":
         return None
-    if name == "cuda tests":
+    if name == "cuda_tests":
         return "needs a CUDA GPU"
     if name == "speed":
         return "needs a GPU: it times the kernel and the device's copy bandwidth"
@@ -396,11 +396,11 @@ class Session:
         """The suite's CUDA tests pass. Figure: pytest's counts."""
         command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "cuda", "test_gla.py",
                    "bench/test_bench.py"]
-        status, lines = run_command(command, LIMITS_S["cuda tests"], self.env)
+        status, lines = run_command(command, LIMITS_S["cuda_tests"], self.env)
         summary = next((line.strip("= ") for line in reversed(lines) if re.search(r"\d+ (passed|failed|error)", line)),
                        None)
         if status != 0:
-            raise CheckFailed(summary or command_failure(status, lines, LIMITS_S["cuda tests"]))
+            raise CheckFailed(summary or command_failure(status, lines, LIMITS_S["cuda_tests"]))
         return re.sub(r" in [\d.]+s.*", "", summary or "passed")
 
     def check_train(self):
@@ -447,7 +447,7 @@ class Session:
         """(status, seconds, figure or reason) of check `name`: "pass", "FAIL" or "skip"."""
         print(f"\n===== {name} =====", flush=True)
         started = time.time()
-        method = getattr(self, "check_" + name.replace(" ", "_"), None)
+        method = getattr(self, "check_" + name, None)
         try:
             if self.only and name not in self.only:
                 raise Skip("not asked (--only)")

@@ -585,7 +585,7 @@ def test_gpu_check_dry_run_on_a_cpu_prints_a_row_per_check():
     assert re.split(r"\s{2,}", table[0]) == ["check", "result", "seconds", "figure or reason"], table
     rows = {name: re.split(r"\s{2,}", line, maxsplit=3)[1:] for name, line in zip(gpu_check.CHECKS, table[1:])}
     assert all(line.startswith(name + " ") for name, line in zip(gpu_check.CHECKS, table[1:])), table
-    for name in ("cuda tests", "torchrun", "compile", "speed"):
+    for name in ("cuda_tests", "torchrun", "compile", "speed"):
         assert rows[name][0] == "skip" and rows[name][2] == "not asked (--only)", table
     for name in ("kernel", "train", "sample"):
         assert rows[name][0] == "pass", table
@@ -595,7 +595,7 @@ def test_gpu_check_dry_run_on_a_cpu_prints_a_row_per_check():
     assert rows["sample"][2].startswith("32 new tokens in ")
     assert all(float(seconds) >= 0 for _, seconds, _ in rows.values())
     assert gpu_check.skip_reason("speed", "cpu").startswith("needs a GPU")
-    assert gpu_check.skip_reason("cuda tests", "cpu") == "needs a CUDA GPU"
+    assert gpu_check.skip_reason("cuda_tests", "cpu") == "needs a CUDA GPU"
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="checks the behaviour without a GPU")

@@ -2139,6 +2139,10 @@ def test_full_disk_at_a_checkpoint_keeps_the_last_one_and_resume_matches(tmp_pat
     assert strip_timing(metrics(out, "gqa")) == strip_timing(metrics(tmp_path / "ref", "gqa"))
 
 
+def default_sigint():
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_is_one_line_and_resume_gives_identical_metrics(tmp_path, text_file):
     """Ctrl-C stops training at once with one line naming the step and the checkpoint --resume continues from;
     it costs at most --ckpt_interval steps, and the resumed run's metrics are the uninterrupted run's."""
@@ -2146,8 +2150,10 @@ def test_ctrl_c_is_one_line_and_resume_gives_identical_metrics(tmp_path, text_fi
             "10", *TINY]
     assert run_train([*args, "--out_dir", str(tmp_path / "ref")]) == 0
     out = tmp_path / "stopped"
+    # A job started in the background by a shell (CI's, say) inherits SIGINT ignored, and Python then never raises
+    # KeyboardInterrupt: the child takes SIGINT's default back, as a terminal's foreground job has it.
     proc = subprocess.Popen([sys.executable, "train.py", *args, *CPU, "--out_dir", str(out)], cwd=REPO,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, preexec_fn=default_sigint)
     deadline = time.time() + 120
     while not (rdir(out, "gla2") / "ckpt.pt").exists() and time.time() < deadline and proc.poll() is None:
         time.sleep(0.02)

@@ -1873,7 +1873,8 @@ def test_a_run_not_evaluated_yet_leaves_its_pair_out_in_one_line(tmp_path, capsy
     (out / plot.VARIANTS[0] / "seed2" / "metrics.jsonl").write_text("")
     rc, _, csv = _run_main(tmp_path, out)
     assert rc == 0
-    assert capsys.readouterr().err == f"plot.py: note: {LABELS[0]} seed2 left out: its two runs share no evaluation yet\n"
+    note = f"plot.py: note: {LABELS[0]} seed2 left out: its two runs share no evaluation yet\n"
+    assert capsys.readouterr().err == note
     assert _n_seeds(csv) == {label: "1" if label == LABELS[0] else "2" for label in LABELS}
 
 
@@ -1974,6 +1975,9 @@ def bad_inputs(tmp_path):
         ("--grad_clip", "-1"): "argument --grad_clip: expected a finite number above zero",
         ("--learning_rate", "inf"): "argument --learning_rate: expected a finite number above zero",
         ("--seeds", "0"): f"argument --seeds: {above_zero}",
+        ("--warmup_iters", "-5"): "--warmup_iters and --weight_decay must be 0 or more",
+        ("--weight_decay", "nan"): "--warmup_iters and --weight_decay must be 0 or more",
+        ("--weight_decay", "-0.1"): "--warmup_iters and --weight_decay must be 0 or more",
         ("--batch_size", "6", "--grad_accum", "4"): "does not split into 1 process(es) x --grad_accum",
         ("--resume", "--overwrite"): "argument --overwrite: not allowed with argument --resume",
         ("--attn", "all", "--double_heads"): "--attn all trains both arms: no --double_heads",

@@ -115,6 +115,8 @@ def get_args(argv=None):
         p.error("--attn all trains both arms: no --double_heads")
     if not args.temperature >= 0 or args.top_k < 0:  # NaN fails the first
         p.error("--temperature and --top_k must be 0 or more")
+    if args.warmup_iters < 0 or not 0 <= args.weight_decay < math.inf:
+        p.error("--warmup_iters and --weight_decay must be 0 or more")
     return args
 
 

@@ -11,9 +11,7 @@ Einsum letters: b batch, t position, g KV / latent head (group), h query head wi
 r latent dims of one latent head."""
 
 import hashlib
-import json
 import math
-import pathlib
 import re
 from dataclasses import dataclass, replace
 from typing import NamedTuple
@@ -57,7 +55,6 @@ class GPTConfig:
     init_std: float = 0.02
 
     def __post_init__(self):
-        assert self.attn in ("gqa", "mla", "gla"), f"unknown attn {self.attn!r}"
         if self.attn == "gqa":
             own = (self.head_dim, self.n_kv_head)
         else:
@@ -424,79 +421,25 @@ class GPT(nn.Module):
         return self._run(idx, positions, max_seqlen)
 
     @torch.no_grad()
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, compile=False):
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None):
         """Sample max_new_tokens after the prompts idx (B, T) int64 -> (B, T + max_new_tokens) int64: a prefill, then a
-        cached decode step per token (temperature, top_k as in `sample`); compile=True compiles the step (static
-        shapes). As forward, we stop at block_size."""
+        cached decode step per token (temperature, top_k as in `sample`). As forward, we stop at block_size."""
         B, T = idx.shape
         S = T + max_new_tokens
-        assert S <= self.config.block_size, f"{S} tokens, but block_size is {self.config.block_size}"
+        assert T >= 1, "an empty prompt: give it at least one token"
+        assert S <= self.config.block_size, \
+            f"a prompt of {T} tokens and {max_new_tokens} new ones exceed block_size, {self.config.block_size}"
         self.setup_cache(B, S)
         out = torch.cat([idx, idx.new_empty(B, max_new_tokens)], dim=1)  # (B, S): the prompt, then the samples
         cached = torch.zeros(B, dtype=torch.int32, device=idx.device)  # tokens in the cache
-        step = torch.compile(self.decode, fullgraph=True, dynamic=False) if compile else self.decode
-        # Eager steps run in inference mode, without autograd's bookkeeping on every op; torch.compile cannot yet
-        # trace in-place cache writes there (torch 2.13): no_grad only.
-        with torch.inference_mode(not compile):
+        with torch.inference_mode():  # no autograd bookkeeping on every op; the cache stays a normal tensor
             logits = self.decode(idx, cached, max_seqlen=T)[:, -1]  # prefill
             for t in range(T, S):
                 out[:, t] = sample(logits, temperature, top_k)
                 if t + 1 < S:
                     cached.fill_(t)
-                    logits = step(out[:, t:t + 1], cached, max_seqlen=S if compile else t + 1)[:, -1]
+                    logits = self.decode(out[:, t:t + 1], cached, max_seqlen=t + 1)[:, -1]
         return out
-
-    @classmethod
-    def from_pretrained(cls, path, dtype=None):
-        """The GPT of a folder of Liu et al. 2026's release (GQA, MLA or GLA-2), in dtype (None: float32, as saved,
-        memory-mapped)."""
-        path = pathlib.Path(path)
-        saved = json.loads((path / "config.json").read_text())
-        files = sorted(path.glob("pytorch_model*.bin"))  # one file, or shards -00001-of-0000n, ...: in order
-        assert files, f"{path} holds no pytorch_model*.bin"
-        weights = {}
-        lm_head = None  # tied to wte: one matrix, saved under one name or both, converted once
-        for file in files:  # shard by shard: a shard's float32 pages are let go once it is converted
-            for name, tensor in torch.load(file, map_location="cpu", mmap=True, weights_only=True).items():
-                if name == "lm_head.weight":
-                    lm_head = tensor
-                else:
-                    weights[name] = tensor if dtype is None else tensor.to(dtype)
-        if "transformer.wte.weight" not in weights:
-            weights["transformer.wte.weight"] = lm_head if dtype is None else lm_head.to(dtype)
-        prefix = "transformer.h.0."
-        layer0 = sorted(n[len(prefix):-len(".weight")] for n in weights if n.startswith(prefix + "attn."))
-        designs = [attn for attn, names in RELEASE_ATTENTION.items() if sorted(names) == layer0]
-        assert designs, f"{path}: layer 0's attention holds {layer0}: not the release's GQA, MLA or GLA-2"
-        attn = designs[0]
-        fields = dict(attn=attn, vocab_size=saved["vocab_size"], block_size=saved["block_size"],
-                      n_layer=saved["n_layer"], n_embd=saved["n_embd"], n_head=saved["n_head"],
-                      ffn_hidden=saved["intermediate_size"])  # the MLP width as trained, not the width rule's
-        if attn == "gqa":  # group_size: query heads per KV head
-            fields.update(head_dim=saved["head_dim"], n_kv_head=saved["n_head"] // saved.get("group_size", 1))
-        else:  # v as wide as nope, and GLA's 2 latent heads: fixed in the release's code, not in config.json
-            fields.update(head_dim=None, n_kv_head=None, q_lora_rank=saved["q_lora_rank"],
-                          kv_lora_rank=saved["kv_lora_rank"], qk_nope_head_dim=saved["qk_nope_head_dim"],
-                          qk_rope_head_dim=saved["qk_rope_head_dim"], v_head_dim=saved["qk_nope_head_dim"],
-                          n_latent_heads=2 if attn == "gla" else 1)
-        with torch.device("meta"):  # no memory: the loaded tensors become the parameters
-            model = cls(GPTConfig(**fields))
-
-        names = {f"{theirs}.weight": f"{ours}.weight" for theirs, ours in RELEASE_MODEL.items()}
-        for i in range(model.config.n_layer):
-            for theirs, ours in {**RELEASE_BLOCK, **RELEASE_ATTENTION[attn]}.items():
-                names[f"transformer.h.{i}.{theirs}.weight"] = f"blocks.{i}.{ours}.weight"
-        state = {}
-        for theirs, tensor in weights.items():
-            assert theirs in names, f"{path}: {theirs} is no weight of the release's {attn} (a bias? another design?)"
-            state[names[theirs]] = tensor
-        for i in range(model.config.n_layer if attn != "gqa" else 0):  # latent head j's kv_b_proj: our wkv_b[j]
-            heads = [state.pop(f"blocks.{i}.attn.wkv_b.{j}.weight") for j in range(model.config.n_latent_heads)]
-            state[f"blocks.{i}.attn.wkv_b"] = torch.stack(heads).unflatten(1, (model.config.n_head // len(heads), -1))
-        state["lm_head.weight"] = state["tok_emb.weight"]
-        model.load_state_dict(state, assign=True)  # names and shapes checked there
-        model.lm_head.weight = model.tok_emb.weight  # assign gave each name a Parameter of its own: tie them again
-        return model
 
 
 def sample(logits, temperature=1.0, top_k=None):
@@ -508,7 +451,7 @@ def sample(logits, temperature=1.0, top_k=None):
     The draw is gpt-fast's: argmax_i p_i / E_i with E_i ~ Exponential(1). E_i / p_i is an exponential wait of rate
     p_i, and the shortest of such waits is token i's with probability p_i: torch.multinomial's draw, without waiting
     for the GPU."""
-    assert temperature >= 0, temperature
+    assert temperature >= 0 and (top_k or 0) >= 0, f"temperature {temperature} and top_k {top_k}: 0 or more"  # NaN too
     if temperature == 0:
         return logits.argmax(dim=-1)
     shifted = logits.double() - logits.double().amax(dim=-1, keepdim=True)  # (B, vocab): <= 0, the likeliest 0
@@ -518,29 +461,6 @@ def sample(logits, temperature=1.0, top_k=None):
         logits = logits.masked_fill(logits < kth, float("-inf"))
     probs = F.softmax(logits, dim=-1)
     return (probs / torch.empty_like(probs).exponential_(1)).argmax(dim=-1)
-
-
-# ---- The checkpoints of Liu et al. 2026's release (github.com/SongtaoLiu0823/MLRA; on the Hub: Soughing/MLRA)
-# transformers' save_pretrained writes config.json and float32 pytorch_model*.bin; its math is ours to float32
-# rounding. Its names and ours:
-RELEASE_MODEL = {"transformer.wte": "tok_emb", "layernorm": "norm"}
-RELEASE_BLOCK = {  # under transformer.h.{i}. and blocks.{i}.
-    "input_layernorm": "attn_norm",
-    "post_attention_layernorm": "mlp_norm",
-    "mlp.c_fc1": "mlp.w1",  # silu(x c_fc1) * (x c_fc2)
-    "mlp.c_fc2": "mlp.w2",
-    "mlp.c_proj": "mlp.w3",
-}
-# The attention's names tell the designs apart. kv_b_proj[_j], latent head j's up-projection, is (H/g * (nope + v), r)
-# head by head [k_nope | v], where our wkv_b[j] is the same matrix as (H/g, nope + v, r).
-LATENT_QUERY = {"attn.q_a_proj": "attn.wq_a", "attn.q_a_layernorm": "attn.q_norm", "attn.q_b_proj": "attn.wq_b",
-                "attn.kv_a_proj_with_mqa": "attn.wkv_a", "attn.c_proj": "attn.wo"}
-RELEASE_ATTENTION = {
-    "gqa": {"attn.c_q": "attn.wq", "attn.c_k": "attn.wk", "attn.c_v": "attn.wv", "attn.c_proj": "attn.wo"},
-    "mla": {**LATENT_QUERY, "attn.kv_a_layernorm": "attn.kv_norm.0", "attn.kv_b_proj": "attn.wkv_b.0"},
-    "gla": {**LATENT_QUERY, "attn.kv_a_layernorm_1": "attn.kv_norm.0", "attn.kv_b_proj_1": "attn.wkv_b.0",
-            "attn.kv_a_layernorm_2": "attn.kv_norm.1", "attn.kv_b_proj_2": "attn.wkv_b.1"},
-}
 
 
 # ---- Tensor-parallel decode, Megatron-style (Shoeybi et al. 2019, arXiv 1909.08053, Sec. 3)

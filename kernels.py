@@ -242,11 +242,7 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, qv=None, softmax_scale=
     assert num_splits is None or (isinstance(num_splits, int) and num_splits >= 1), "num_splits: None or an int >= 1"
     max_len = int(cache_seqlens.max()) if max_seqlen is None else max_seqlen
     assert Lq <= max_len <= S, "cache_seqlens (and max_seqlen) in [Lq, S]"
-    # The pointer arithmetic assumes unit stride along features (and along cache_seqlens).
-    q = q.contiguous() if q.stride(-1) != 1 else q
-    k_cache = k_cache.contiguous() if k_cache.stride(-1) != 1 else k_cache
-    v_cache = v_cache.contiguous() if v_cache.stride(-1) != 1 else v_cache
-    qv = qv.contiguous() if qv is not None and qv.stride(-1) != 1 else qv
+    assert all(t.stride(-1) == 1 for t in (q, k_cache, v_cache, qv) if t is not None), "features contiguous, as FA3's"
     scale = _default_scale(Dk, Dv, qv) if softmax_scale is None else softmax_scale
     grid, args, meta, o_part, lse_part = _split_launch(q, k_cache, v_cache, cache_seqlens.contiguous(), qv, scale,
                                                        max_len, num_splits)

@@ -3,8 +3,8 @@
 For each variant train.py trains a baseline and a model with twice the query heads (same KV cache and parameters).
 At equal training tokens t, dL(t) = L_val(baseline, t) - L_val(double heads, t): above zero, doubling the heads
 helped. Each baseline run <out_dir>/<run>/seed<seed>/ is paired with the double-heads run of its seed: both read the
-same batches, so the data's noise cancels in their difference. The figure draws each pair's dL, their mean and its
-95% t interval; a CSV of the values is written beside it.
+same batches, so the data's noise cancels in their difference. The figure draws each pair's dL and their mean, with
+the final dL's 95% t interval in its legend; a CSV of the values is written beside it.
 """
 import argparse
 import csv
@@ -159,8 +159,8 @@ def variant_label(label, curve):
 
 
 def plot(curves, unit, setting, path):
-    """Draw {label: Curve} as a PNG into `path` (a file name or a binary file): the whole run, its last half, and the
-    final dL of each variant."""
+    """Draw {label: Curve} as a PNG into `path` (a file name or a binary file): each variant's dL over training, the
+    mean over seeds and each seed's; the legend gives the final dL and its 95% t interval."""
     import matplotlib  # here, not at the top: a bad --out_dir fails fast
 
     matplotlib.use("Agg")  # files only, never a display
@@ -171,48 +171,32 @@ def plot(curves, unit, setting, path):
     paper, paper_text = paper_range(unit)
     most = max(int(c.tokens.max()) for c in curves.values())
     scale, scale_name = (1e9, "billions") if most >= 1e9 else (1e6, "millions")  # the paper's runs: 98B tokens
-    fig, (whole, late, final) = plt.subplots(1, 3, figsize=(14, 5.6), gridspec_kw={"width_ratios": [4, 4, 2.2]})
-    for ax in (whole, late, final):
-        # The band's edge keeps it visible where the axis is so tall that the band is thinner than a pixel; the zero
-        # line, dashed, shows through it there.
-        ax.axhspan(*paper, facecolor=(1, 0.65, 0, 0.35), edgecolor="darkorange", lw=1.2, zorder=0)
-        ax.axhline(0.0, color="black", lw=0.9, ls="--", zorder=1)
-        ax.grid(True, alpha=0.3)
+    fig, ax = plt.subplots(figsize=(11, 6))
+    # The band's edge keeps it visible where the axis is so tall that the band is thinner than a pixel; the zero line,
+    # dashed, shows through it there.
+    ax.axhspan(*paper, facecolor=(1, 0.65, 0, 0.35), edgecolor="darkorange", lw=1.2, zorder=0)
+    ax.axhline(0.0, color="black", lw=0.9, ls="--", zorder=1)
+    ax.grid(True, alpha=0.3)
+    handles = []
     for k, (label, c) in enumerate(curves.items()):
         colour, (width, size) = LABEL_STYLE[label]
-        for ax, keep in ((whole, slice(None)), (late, c.tokens >= c.tokens[-1] / 2)):
-            if len(c.seeds) > 1:
-                for row in c.delta:
-                    ax.plot(c.tokens[keep] / scale, row[keep], color=colour, lw=0.9, ls=":", zorder=2)
-            ax.plot(c.tokens[keep] / scale, c.mean[keep], color=colour, lw=width, marker="o", ms=size, zorder=3 + k)
-        final.plot([k + 0.25] * len(c.seeds), c.delta[:, -1], ls="none", marker="o", ms=5, mfc="none", color=colour)
-        error = [[c.mean[-1] - c.low[-1]], [c.high[-1] - c.mean[-1]]] if len(c.seeds) > 1 else None
-        final.errorbar([k], [c.mean[-1]], yerr=error, color=colour, marker="s", ms=7, capsize=6, lw=1.8, capthick=1.8)
-    final.set_xticks(range(len(curves)), list(curves))
-    final.set_xlim(-0.6, len(curves) - 0.4)
-    whole.set_title("Whole run", fontsize=10)
-    late.set_title("Last half of training", fontsize=10)
-    final.set_title("Final dL", fontsize=10)
-    for ax in (whole, late):
-        ax.set_xlabel(f"training tokens ({scale_name})")
-    whole.set_ylabel(f"dL = L(baseline) − L(double heads), {unit}")
-
-    handles = []
-    for label, c in curves.items():
-        colour, (width, size) = LABEL_STYLE[label]
+        if len(c.seeds) > 1:
+            for row in c.delta:
+                ax.plot(c.tokens / scale, row, color=colour, lw=0.9, ls=":", zorder=2)
+        ax.plot(c.tokens / scale, c.mean, color=colour, lw=width, marker="o", ms=size, zorder=3 + k)
         handles.append(Line2D([], [], color=colour, lw=width, marker="o", ms=size, label=variant_label(label, c)))
+    ax.set_xlabel(f"training tokens ({scale_name})")
+    ax.set_ylabel(f"dL = L(baseline) − L(double heads), {unit}")
     handles += [
         Line2D([], [], color="gray", lw=0.9, ls=":", label="dotted: each seed; thick: their mean"),
-        Line2D([], [], color="gray", lw=1.8, marker="s", label="final dL: the mean and its 95% t interval; circles: "
-               "each seed"),
         Line2D([], [], color="black", lw=0.9, ls="--", label="0: above it, doubling the heads helped"),
         Patch(facecolor=(1, 0.65, 0, 0.35), edgecolor="darkorange", lw=1.2, label=paper_text),
     ]
     fig.legend(handles=handles, loc="lower center", ncol=2, fontsize=8.5, frameon=False)
     seeds = ", ".join(str(s) for s in sorted({s for c in curves.values() for s in c.seeds}))
     title = "Double-heads ablation (Liu et al. 2026): dL = L(baseline) − L(double heads) at equal training tokens"
-    fig.suptitle(f"{title}\n{setting}; seeds {seeds}", fontsize=11)
-    fig.tight_layout(rect=(0, 0.17, 1, 1))
+    fig.suptitle(f"{title}\n{setting}; seeds {seeds}", fontsize=10)
+    fig.tight_layout(rect=(0, 0.15, 1, 1))
     fig.savefig(path, dpi=150, format="png")
     plt.close(fig)
 
@@ -252,12 +236,7 @@ def main(argv=None):
         pathlib.Path(args.output).write_bytes(png.getvalue())
     except OSError as e:
         raise SystemExit(f"plot.py: {e}") from None
-    print(f"wrote {args.output} and {csv_path}; final dL ({unit}), mean [95% t interval] and each seed's:")
-    for label, c in curves.items():
-        per_seed = ", ".join(f"{s}: {d:+.4f}" for s, d in zip(c.seeds, c.delta[:, -1]))
-        interval = f" [{c.low[-1]:+.4f}, {c.high[-1]:+.4f}]" if len(c.seeds) > 1 else ""
-        print(f"{label:<6} {c.mean[-1]:+.4f}{interval}; {per_seed}")
-
+    print(f"wrote {args.output} and {csv_path}")
 
 if __name__ == "__main__":
     main()

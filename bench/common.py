@@ -24,12 +24,15 @@ class InputError(Exception):
 
 
 def train_call(fn, *args):
-    """fn(*args), one of train.py's functions that end bad input in SystemExit (get_args, setup, model_config), that
-    input raised as InputError: its one line without the "train.py: " prefix, or argparse's without its usage block."""
+    """fn(*args), one of train.py's functions that end bad input in SystemExit (get_args, setup) or an AssertionError
+    (model_config), that input raised as InputError: its one line without the "train.py: " prefix, or argparse's
+    without its usage block."""
     err = io.StringIO()
     try:
         with contextlib.redirect_stderr(err):
             return fn(*args)
+    except AssertionError as e:  # gla.py's, which train.py's main says in one line
+        raise InputError(str(e)) from None
     except SystemExit as e:
         if isinstance(e.code, str):
             raise InputError(e.code.removeprefix("train.py: ")) from None
@@ -170,6 +173,27 @@ def time_models(args, ctx, steps):
         config = train.model_config(args, variant, double_heads)
         timed[train.run_name(variant, double_heads)] = (config, train_step_seconds(config, args, ctx, steps))
     return timed
+
+
+def compiled_greedy(model, idx, max_new_tokens):
+    """GPT.generate at temperature 0 with its decode step under torch.compile, as gpt-fast decodes: idx (B, T) int64 ->
+    (B, T + max_new_tokens) int64. Static shapes (fullgraph, every step reads the cache to its full length, masked by
+    cache_seqlens): one compile. no_grad, not inference mode: torch.compile cannot yet trace the cache's in-place
+    writes there (torch 2.13)."""
+    B, T = idx.shape
+    S = T + max_new_tokens
+    model.setup_cache(B, S)
+    step = torch.compile(model.decode, fullgraph=True, dynamic=False)
+    out = torch.cat([idx, idx.new_empty(B, max_new_tokens)], dim=1)
+    cached = torch.zeros(B, dtype=torch.int32, device=idx.device)
+    with torch.no_grad():
+        logits = model.decode(idx, cached, max_seqlen=T)[:, -1]  # the prompt, eager
+        for t in range(T, S):
+            out[:, t] = logits.argmax(-1)
+            if t + 1 < S:
+                cached.fill_(t)
+                logits = step(out[:, t:t + 1], cached, max_seqlen=S)[:, -1]
+    return out
 
 
 def time_interleaved(contenders, repeats, warmup=1, clock=time.perf_counter):

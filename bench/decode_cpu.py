@@ -25,7 +25,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # the repo
 import torch  # noqa: E402
 
 import gla  # noqa: E402
-from bench.common import hf_twin, import_transformers, machine, time_interleaved  # noqa: E402
+from bench.common import compiled_greedy, hf_twin, import_transformers, machine, time_interleaved  # noqa: E402
 from bench.decode_speed import layer_config, random_cache  # noqa: E402
 
 CALLS = 10  # calls per timed run of a single decode step or forward (milliseconds each)
@@ -80,7 +80,7 @@ def main(argv=None):
             idx = torch.randint(0, config.vocab_size, (B, P))
             contenders = {"ours": lambda: model.generate(idx, N, temperature=0)}
             if args.compile:
-                contenders["ours compiled"] = lambda: model.generate(idx, N, temperature=0, compile=True)
+                contenders["ours compiled"] = lambda: compiled_greedy(model, idx, N)
             if hf is not None:
                 contenders["HF"] = lambda: hf.generate(idx, attention_mask=torch.ones_like(idx), max_new_tokens=N,
                                                        do_sample=False)

@@ -20,8 +20,9 @@ the first line of its reason (the full output is above the table). The checks an
   torchrun    the same under a one-process torchrun (the NCCL process group; gloo on a CPU).
   sample      train.py --sample decodes 32 tokens from that run on the GPU (bf16, its default there), through the
               Triton kernel, and prints its text and time.
-  compile     GPT.generate with compile=True (the decode step under torch.compile, the Triton kernel inside it)
-              gives eager decoding's greedy tokens, for GQA, MLA and GLA-2 (tiny models, perturbed weights, float32).
+  compile     greedy decoding with the decode step under torch.compile (bench.common.compiled_greedy, the Triton
+              kernel inside it) gives GPT.generate's greedy tokens, for GQA, MLA and GLA-2 (tiny models, perturbed
+              weights, float32).
   speed       the median time of a decode_attention call (bf16, Lq 1, 32K cached tokens, batch 1 and 32, each
               design) against its floor: the bytes it must read (bench.roofline.call_bytes) at the GPU's measured
               device-to-device copy bandwidth. It reports the percent of the floor reached; it fails on errors only.
@@ -211,10 +212,11 @@ def cuda_works():
 
 
 def compile_check(device):
-    """Greedy tokens of GPT.generate(compile=True) equal compile=False's for each design (GPU: GQA, MLA, GLA-2 at the
-    tiny preset; CPU: GLA-2 at one narrow layer), float32, weights perturbed so that attention shapes the logits.
-    Figure: designs and tokens compared."""
+    """Greedy tokens of bench.common.compiled_greedy (the decode step compiled) equal GPT.generate's for each design
+    (GPU: GQA, MLA, GLA-2 at the tiny preset; CPU: GLA-2 at one narrow layer), float32, weights perturbed so that
+    attention shapes the logits. Figure: designs and tokens compared."""
     import gla
+    from bench import common
     cuda = device == "cuda"
     variants = gla.VARIANTS if cuda else ("gla2",)
     size = {} if cuda else dict(n_layer=1, n_embd=64, head_dim=16, block_size=32)
@@ -230,7 +232,7 @@ def compile_check(device):
         prompt = torch.randint(0, model.config.vocab_size, (2, 8), device=device)
         try:
             eager = model.generate(prompt, new_tokens, temperature=0)
-            same = (model.generate(prompt, new_tokens, temperature=0, compile=True) == eager).all(0)
+            same = (common.compiled_greedy(model, prompt, new_tokens) == eager).all(0)
         except Exception as e:  # each design reports, then the check fails
             traceback.print_exc()
             wrong.append(f"{variant}: {type(e).__name__}: {first_line(e)}")

@@ -1,11 +1,11 @@
-"""Loading an MLRA release checkpoint (Liu et al. 2026, github.com/SongtaoLiu0823/MLRA) with gla.GPT.from_pretrained:
+"""Loading an MLRA release checkpoint (Liu et al. 2026, github.com/SongtaoLiu0823/MLRA) with bench/release.py:
 peak memory against the weights' bytes, seconds to load, and batch-1 decode speed against the weights-read floor.
 
 Writes a random checkpoint of the preset's size in the release's layout to a temporary folder: config.json and
 pytorch_model-0000k-of-0000n.bin shards of at most --shard_gb GB (5 by default, save_pretrained's) with their
 pytorch_model.bin.index.json, generated and written shard by shard, so the writer holds one shard, never the model.
 Then, for each dtype, one after another, a fresh Python process loads it and reports:
-  - peak resident memory (VmHWM) after from_pretrained and after decoding, against the weights' bytes in that dtype,
+  - peak resident memory (VmHWM) after loading and after decoding, against the weights' bytes in that dtype,
     and the resident memory then split into anonymous and file-backed (memory-mapped .bin pages, which the kernel can
     drop and read again, and which a float32 load keeps as its parameters);
   - seconds to load;
@@ -35,6 +35,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # the repo
 import torch  # noqa: E402
 
 import gla  # noqa: E402
+from bench import release  # noqa: E402
 from bench.common import machine  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -45,9 +46,9 @@ def release_tensors(config):
     """[(the release's name, shape)] of a model of `config`, in the order its save_pretrained writes them (the tied
     lm_head.weight beside transformer.wte.weight, as the release's state dict holds one tensor under both): gla's
     tables inverted, each of wkv_b's latent heads a (H/g * (nope + v), r) kv_b_proj weight."""
-    ours_to_release = {ours: release for release, ours in gla.RELEASE_MODEL.items()}
-    for release, ours in {**gla.RELEASE_BLOCK, **gla.RELEASE_ATTENTION[config.attn]}.items():
-        ours_to_release[ours] = release
+    ours_to_release = {ours: theirs for theirs, ours in release.RELEASE_MODEL.items()}
+    for theirs, ours in {**release.RELEASE_BLOCK, **release.RELEASE_ATTENTION[config.attn]}.items():
+        ours_to_release[ours] = theirs
     with torch.device("meta"):
         model = gla.GPT(config)
     tensors = []
@@ -164,7 +165,7 @@ def gemv_bandwidth(model, repeats=3):
 
 
 def measure(folder, dtype, prompt_len, new_tokens):
-    """In this (fresh) process: load folder with gla.GPT.from_pretrained in dtype, then decode new_tokens greedy
+    """In this (fresh) process: load folder with release.from_pretrained in dtype, then decode new_tokens greedy
     tokens one at a time after a random prompt_len-token prompt. A dict: load seconds, memory_status before and after
     the load (with the load's sampled peak of anonymous memory) and after decoding, the median decode step's seconds,
     the weights' bytes in dtype."""
@@ -173,7 +174,7 @@ def measure(folder, dtype, prompt_len, new_tokens):
     sampler = threading.Thread(target=peak_anonymous, args=(stop, peak), daemon=True)
     sampler.start()
     t = time.perf_counter()
-    model = gla.GPT.from_pretrained(folder, dtype=DTYPES[dtype])
+    model = release.from_pretrained(folder, dtype=DTYPES[dtype])
     load_seconds = time.perf_counter() - t
     stop.set()
     sampler.join()

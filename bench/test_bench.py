@@ -3,13 +3,14 @@
 python -m pytest -q    # from the repository root: this file and test_gla.py
 
 The product's modules (gla, kernels, plot, train) are imported from the repository root, which pytest puts on
-sys.path (bench/ is a package). The helpers below are small copies of test_gla.py's: neither test file imports the
-other.
+sys.path (bench/ is a package). Some helpers come from test_gla.py (its seeding fixture, small models, token files);
+test_gla.py imports nothing from here.
 """
 
 import os
 
 import torch
+import torch.nn.functional as F
 
 HAS_CUDA = torch.cuda.is_available()
 if not HAS_CUDA:
@@ -22,6 +23,7 @@ import re
 import subprocess
 import sys
 import time
+import types
 
 import numpy as np
 import pytest
@@ -30,7 +32,7 @@ import gla
 import kernels
 import plot
 import train
-from bench import common, decode_cpu, gpu_build, gpu_check, job_time, replot, roofline, train_speed
+from bench import common, decode_cpu, gpu_build, gpu_check, job_time, release, replot, roofline, train_speed
 from bench import memory as memory_bench
 
 # torch.compile's CPU backend imports torch.utils.mkldnn, which still uses the
@@ -42,6 +44,7 @@ HERE = str(REPO)
 VARIANTS = list(gla.VARIANTS)
 interpreter_only = pytest.mark.skipif(HAS_CUDA, reason="CPU tensors need the interpreter; CUDA: test_kernel_on_cuda")
 from test_gla import seeded  # noqa: E402, F401 (the autouse fixture that seeds torch before each test)
+from test_gla import GPT2Stand_in, small_model, write_tokens  # noqa: E402
 
 
 # ----------------------------------------------------------------------------
@@ -879,3 +882,294 @@ def test_pretrained_bench_writes_loads_and_tabulates_a_tiny_checkpoint(tmp_path,
     for dtype in "float32", "bfloat16":
         assert re.search(rf"^\| {dtype} \| [\d.e-]+ \| [\d.]+ \| [\d.]+ \([\d.]+x\) \|", out, re.M), out
     assert re.search(r"load average before: [\d.]+ ", out) and not list(tmp_path.iterdir())
+
+
+# ----------------------------------------------------------------------------
+# bench/release.py: checkpoints in the layout of Liu et al. 2026's MLRA release (github.com/SongtaoLiu0823/MLRA),
+# written here from its name tables inverted; neither the release's code nor the network is needed.
+
+# Layer 0's attention weights as the release's save_pretrained names them (read off its model/gqa.py, mla.py, gla_2.py
+# saved at tiny sizes): written out here, not derived from release.py's tables, so a renamed entry there fails.
+RELEASE_ATTENTION_NAMES = {
+    "gqa": ["c_q", "c_k", "c_v", "c_proj"],
+    "mla": ["q_a_proj", "q_a_layernorm", "q_b_proj", "kv_a_proj_with_mqa", "kv_a_layernorm", "kv_b_proj", "c_proj"],
+    "gla": ["q_a_proj", "q_a_layernorm", "q_b_proj", "kv_a_proj_with_mqa", "kv_a_layernorm_1", "kv_a_layernorm_2",
+            "kv_b_proj_1", "kv_b_proj_2", "c_proj"],
+}
+
+
+def release_checkpoint(model):
+    """(state dict, config.json fields) that the release's save_pretrained writes for a model of this GPT's weights:
+    the release's names (release.py's tables inverted; wkv_b[j] flattened to the (H/g * (nope + v), r) weight of
+    kv_b_proj[_j]), the tied matrix one tensor under both names, and the fields its train_*.py pass."""
+    c = model.config
+    ours_to_release = {ours: theirs for theirs, ours in release.RELEASE_MODEL.items() if theirs != "lm_head"}
+    for theirs, ours in {**release.RELEASE_BLOCK, **release.RELEASE_ATTENTION[c.attn]}.items():
+        ours_to_release[ours] = theirs
+    sd = {}
+    for name, p in model.state_dict().items():
+        if name == "lm_head.weight":
+            continue  # the tie: tok_emb's, below
+        layer = re.match(r"blocks\.(\d+)\.(.+)", name)
+        if layer is None:
+            sd[ours_to_release[name.removesuffix(".weight")] + ".weight"] = p.detach()
+        elif name.endswith("wkv_b"):
+            for j, head in enumerate(p.detach()):
+                sd[f"transformer.h.{layer[1]}.{ours_to_release[f'attn.wkv_b.{j}']}.weight"] = head.flatten(0, 1)
+        else:
+            sd[f"transformer.h.{layer[1]}.{ours_to_release[layer[2].removesuffix('.weight')]}.weight"] = p.detach()
+    sd["lm_head.weight"] = sd["transformer.wte.weight"]
+    fields = dict(architectures=["GPT"], model_type="gpt2", vocab_size=c.vocab_size, n_layer=c.n_layer,
+                  n_head=c.n_head, n_embd=c.n_embd, intermediate_size=c.ffn_hidden, block_size=c.block_size,
+                  bias=False, dropout=0.0, torch_dtype="float32", transformers_version="4.51.3")
+    if c.attn == "gqa":
+        fields.update(head_dim=c.head_dim, group_size=c.n_head // c.n_kv_head)
+    else:
+        fields.update(q_lora_rank=c.q_lora_rank, kv_lora_rank=c.kv_lora_rank, qk_nope_head_dim=c.qk_nope_head_dim,
+                      qk_rope_head_dim=c.qk_rope_head_dim)
+    return sd, fields
+
+
+def write_release(folder, sd, fields, layout="bin"):
+    """Write sd and fields into folder as the release would: "bin" (one pytorch_model.bin), "sharded" (two
+    pytorch_model-0000k-of-00002.bin and their index; the tied names fall in different shards), "lm_head" or "wte"
+    (one .bin holding only that tied name)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(fields, indent=2, sort_keys=True))
+    if layout == "sharded":
+        names = list(sd)
+        shards = {f"pytorch_model-0000{k + 1}-of-00002.bin": names[k * len(names) // 2:(k + 1) * len(names) // 2]
+                  for k in range(2)}
+        for file, keys in shards.items():
+            torch.save({key: sd[key] for key in keys}, folder / file)
+        weight_map = {key: file for file, keys in shards.items() for key in keys}
+        (folder / "pytorch_model.bin.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    else:
+        drop = {"lm_head": "transformer.wte.weight", "wte": "lm_head.weight"}.get(layout)
+        torch.save({k: t for k, t in sd.items() if k != drop}, folder / "pytorch_model.bin")
+
+
+def release_logits(sd, fields, idx):
+    """The release's forward (its model/*.py GPT with output_all_seq=True) written again from its names, in float64,
+    independent of gla.py: pre-norm RMSNorm (eps 1e-6) blocks; GQA (c_q, c_k, c_v; query head h reads KV head
+    h // group_size) or MLA / GLA-g (latent query q_a_proj -> q_a_layernorm * sqrt(n_embd / q_lora_rank) -> q_b_proj,
+    per head [nope | rope]; kv_a_proj_with_mqa -> g latents and one shared rope key; latent j normed, * sqrt(n_embd /
+    r), kv_b_proj[_j] -> its H/g heads' [k_nope | v]); RoPE pairing (i, i + d/2); softmax scale 1 / sqrt(q's width);
+    SwiGLU silu(c_fc1) * c_fc2 -> c_proj; the tied lm_head. idx (B, T) -> logits (B, T, vocab) float64."""
+    w = {k: t.double() for k, t in sd.items()}
+    B, T = idx.shape
+    H, D = fields["n_head"], fields["n_embd"]
+
+    def norm(x, name):
+        return w[name + ".weight"] * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+
+    def rope(x):  # (B, T, heads, d)
+        d = x.shape[-1]
+        angle = torch.arange(T, dtype=torch.float64)[:, None, None] * 10000.0 ** (-torch.arange(0, d, 2) / d)
+        a, b = x[..., :d // 2], x[..., d // 2:]
+        return torch.cat([a * angle.cos() - b * angle.sin(), b * angle.cos() + a * angle.sin()], -1)
+
+    x = w["transformer.wte.weight"][idx]
+    for i in range(fields["n_layer"]):
+        def lin(module, inp):
+            return inp @ w[f"transformer.h.{i}.{module}.weight"].T
+        h = norm(x, f"transformer.h.{i}.input_layernorm")
+        if "head_dim" in fields:
+            hd, groups = fields["head_dim"], fields["group_size"]
+            q = rope(lin("attn.c_q", h).view(B, T, H, hd))
+            k = rope(lin("attn.c_k", h).view(B, T, H // groups, hd)).repeat_interleave(groups, dim=2)
+            v = lin("attn.c_v", h).view(B, T, H // groups, hd).repeat_interleave(groups, dim=2)
+        else:
+            nope, rope_dim, rank = fields["qk_nope_head_dim"], fields["qk_rope_head_dim"], fields["kv_lora_rank"]
+            cq = norm(lin("attn.q_a_proj", h), f"transformer.h.{i}.attn.q_a_layernorm")
+            q = lin("attn.q_b_proj", cq * (D / fields["q_lora_rank"]) ** 0.5).view(B, T, H, nope + rope_dim)
+            q = torch.cat([q[..., :nope], rope(q[..., nope:])], -1)
+            kv = lin("attn.kv_a_proj_with_mqa", h)
+            suffixes = ["_1", "_2"] if f"transformer.h.{i}.attn.kv_b_proj_1.weight" in w else [""]
+            r = rank // len(suffixes)
+            k_nope, v = [], []
+            for j, s in enumerate(suffixes):
+                c = norm(kv[..., j * r:(j + 1) * r], f"transformer.h.{i}.attn.kv_a_layernorm{s}") * (D / r) ** 0.5
+                heads = lin(f"attn.kv_b_proj{s}", c).view(B, T, H // len(suffixes), 2 * nope)
+                k_nope.append(heads[..., :nope])
+                v.append(heads[..., nope:])
+            k_rope = rope(kv[..., rank:].view(B, T, 1, rope_dim)).expand(B, T, H, rope_dim)
+            k, v = torch.cat([torch.cat(k_nope, 2), k_rope], -1), torch.cat(v, 2)
+        scores = torch.einsum("bthd,bshd->bhts", q, k) / q.shape[-1] ** 0.5
+        scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+        y = torch.einsum("bhts,bshd->bthd", scores.softmax(-1), v).reshape(B, T, -1)
+        x = x + lin("attn.c_proj", y)
+        h = norm(x, f"transformer.h.{i}.post_attention_layernorm")
+        x = x + lin("mlp.c_proj", F.silu(lin("mlp.c_fc1", h)) * lin("mlp.c_fc2", h))
+    return norm(x, "layernorm") @ w["lm_head.weight"].T
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("double_heads", [False, True])
+def test_release_checkpoint_names_and_math_are_the_releases(variant, double_heads):
+    """release.py's tables, inverted, write the release's names; and the release's math (written again above, in
+    float64) on those weights gives our logits: a swapped pair in the tables (c_fc1 / c_fc2, kv_b_proj_1 / _2) fails
+    here."""
+    model = small_model(variant, double_heads)
+    sd, fields = release_checkpoint(model)
+    design = model.config.attn
+    layer0 = [k.removeprefix("transformer.h.0.attn.").removesuffix(".weight") for k in sd if ".h.0.attn." in k]
+    assert sorted(layer0) == sorted(RELEASE_ATTENTION_NAMES[design])
+    idx = torch.randint(0, model.config.vocab_size, (1, 16))
+    with torch.no_grad():
+        ours, _ = model(idx)
+    torch.testing.assert_close(release_logits(sd, fields, idx), ours.double(), rtol=0, atol=2e-4)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("double_heads", [False, True])
+def test_from_pretrained_gives_bit_identical_logits(tmp_path, variant, double_heads):
+    model = small_model(variant, double_heads)
+    idx = torch.randint(0, model.config.vocab_size, (1, 16))
+    with torch.no_grad():
+        want, _ = model(idx)
+    sd, fields = release_checkpoint(model)
+    for layout in ["bin", "sharded", "lm_head", "wte"]:
+        write_release(tmp_path / layout, sd, fields, layout)
+        loaded = release.from_pretrained(tmp_path / layout)
+        assert loaded.config == model.config, layout  # intermediate_size as saved, not re-derived
+        assert loaded.lm_head.weight is loaded.tok_emb.weight and loaded.num_params() == model.num_params(), layout
+        with torch.no_grad():
+            assert torch.equal(loaded(idx)[0], want), layout
+
+
+def test_from_pretrained_maps_the_weights_and_converts_each_once(tmp_path):
+    """float32: the parameters are the checkpoint file's pages (memory-mapped, no copy; wkv_b alone is restacked);
+    bfloat16: every parameter is the original's cast, the tie kept."""
+    model = small_model("gla2", True)
+    write_release(tmp_path, *release_checkpoint(model))
+    loaded = release.from_pretrained(tmp_path)
+    mapped = []
+    with open("/proc/self/maps") as f:  # Linux: "start-end perms offset dev inode path" per mapping
+        for line in f:
+            if line.rstrip().endswith(str(tmp_path / "pytorch_model.bin")):
+                start, end = (int(a, 16) for a in line.split()[0].split("-"))
+                mapped.append((start, end))
+    for name, p in loaded.named_parameters():
+        in_file = any(start <= p.data_ptr() < end for start, end in mapped)
+        assert in_file == (not name.endswith("wkv_b")), name
+    half = release.from_pretrained(tmp_path, dtype=torch.bfloat16)
+    assert half.lm_head.weight is half.tok_emb.weight
+    for (name, p), q in zip(half.named_parameters(), model.parameters()):
+        assert p.dtype == torch.bfloat16 and torch.equal(p, q.detach().to(torch.bfloat16)), name
+
+
+def test_from_pretrained_converts_the_tied_matrix_once_wherever_its_names_fall(tmp_path, monkeypatch):
+    """The tied embedding saved under both names, lm_head's in the first shard and wte's in the second: a bfloat16
+    load converts it once (one copy of the largest matrix, not two)."""
+    model = small_model("gqa", vocab_size=320)  # the one matrix of its shape
+    sd, fields = release_checkpoint(model)
+    write_release(tmp_path, {}, fields)
+    first = {"lm_head.weight": sd["lm_head.weight"]}
+    torch.save(first, tmp_path / "pytorch_model-00001-of-00002.bin")
+    torch.save({k: t for k, t in sd.items() if k not in first}, tmp_path / "pytorch_model-00002-of-00002.bin")
+    (tmp_path / "pytorch_model.bin").unlink()
+    converted, real = [], torch.Tensor.to
+
+    def to(self, *args, **kwargs):
+        if self.shape == model.tok_emb.weight.shape:
+            converted.append(self.shape)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "to", to)
+    loaded = release.from_pretrained(tmp_path, dtype=torch.bfloat16)
+    assert len(converted) == 1 and loaded.lm_head.weight is loaded.tok_emb.weight
+
+
+def _gated(sd):
+    sd["transformer.h.0.attn.gated_proj.weight"] = torch.zeros(4, 4)
+
+
+def _mlra(sd):  # MLRA / GLA-4: four latent norms, one (4, r, ...) kv_b_proj parameter
+    for j in range(4):
+        sd[f"transformer.h.0.attn.kv_a_layernorms.{j}.weight"] = torch.ones(4)
+    sd["transformer.h.0.attn.kv_b_proj"] = sd.pop("transformer.h.0.attn.kv_b_proj_1.weight")
+
+
+def _bias(sd):
+    sd["transformer.h.1.mlp.c_fc1.bias"] = torch.zeros(4)
+
+
+def _missing(sd):
+    del sd["transformer.h.1.mlp.c_fc2.weight"]
+
+
+def _misshaped(sd):
+    sd["transformer.h.0.attn.kv_b_proj_2.weight"] = sd["transformer.h.0.attn.kv_b_proj_2.weight"][:, :-1]
+
+
+@pytest.mark.parametrize("edit, says", [
+    (_gated, "attn.gated_proj"), (_mlra, "attn.kv_a_layernorms.0"), (_bias, "transformer.h.1.mlp.c_fc1.bias"),
+    (_missing, 'Missing key(s) in state_dict: "blocks.1.mlp.w2.weight"'),
+    (_misshaped, "stack expects each tensor to be equal size"), (None, "holds no pytorch_model"),
+])
+def test_from_pretrained_refuses_in_one_line(tmp_path, edit, says, monkeypatch, capsys):
+    """What is not a release checkpoint of a design we have fails in from_pretrained (an assert, or torch's own
+    check of the names and shapes), and bench/release.py says it in one line."""
+    sd, fields = release_checkpoint(small_model("gla2"))
+    if edit is None:
+        (tmp_path / "config.json").write_text(json.dumps(fields))
+    else:
+        edit(sd)
+        write_release(tmp_path, sd, fields)
+    with pytest.raises((AssertionError, RuntimeError)):
+        release.from_pretrained(tmp_path)
+    monkeypatch.setitem(sys.modules, "tiktoken", types.SimpleNamespace(get_encoding=lambda name: GPT2Stand_in()))
+    with pytest.raises(SystemExit) as caught:
+        release.main([str(tmp_path)])
+    assert caught.value.code.startswith(f"release.py: cannot load {tmp_path} (")
+    assert says in caught.value.code and "\n" not in caught.value.code
+
+
+def test_release_samples_a_release_folder_and_measures_its_validation_loss(tmp_path, capsys, monkeypatch):
+    """bench/release.py samples a release folder (greedy: generate's tokens), decoded by tiktoken's GPT-2 encoding,
+    and --data adds the model's mean loss on the first --eval_iters validation windows of that data, as training reads
+    them (batch s = f(seed, s)); without tiktoken, one line."""
+    model = small_model("gla2", double_heads=True, n_layer=1, vocab_size=50304)  # the release's vocabulary
+    folder = tmp_path / "main" / "gla_2"
+    write_release(folder, *release_checkpoint(model))
+    shards = tmp_path / "edu_fineweb10B"
+    shards.mkdir()
+    rng = np.random.default_rng(0)
+    for name in ("edu_fineweb_train_000001.bin", "edu_fineweb_val_000000.bin"):
+        write_tokens(shards / name, rng.integers(0, 50257, 1000), [20240520, 1, 1000])
+    argv = [str(folder), "--prompt", "hi", "--max_new_tokens", "3", "--temperature", "0", "--data", str(shards),
+            "--eval_iters", "2"]
+    monkeypatch.setitem(sys.modules, "tiktoken", None)  # not installed
+    with pytest.raises(SystemExit, match="^release.py: the release's GPT-2 tokens need tiktoken: pip install"):
+        release.main(argv)
+    monkeypatch.setitem(sys.modules, "tiktoken", types.SimpleNamespace(get_encoding=lambda name: GPT2Stand_in()))
+    release.main(argv)
+    out = capsys.readouterr().out
+    greedy = model.generate(torch.tensor([list(b"hi")]), 3, temperature=0)[0].tolist()
+    assert out.startswith(" ".join(map(str, greedy)) + "\n-- 3 new tokens in ")
+    data = train.load_data(str(shards), model.config.block_size, model.config.vocab_size)
+    losses = [model(*train.get_batch(data, "val", k, 1, model.config.block_size, 1337))[1].item() for k in range(2)]
+    loss = float(re.search(r"^-- validation loss (\d+\.\d+) nats a token over 2 windows$", out, re.M)[1])
+    assert loss == pytest.approx(sum(losses) / 2, abs=1e-4)
+
+
+def test_readmes_release_commands_take_the_flags_they_give(monkeypatch):
+    """README's bench/release.py commands parse: each reaches the loader with the folder it names."""
+    import shlex
+    readme = (REPO / "README.md").read_text()
+    commands = [shlex.split(line, comments=True)[2:] for line in readme.splitlines()
+                if line.startswith("python bench/release.py ")]
+    assert len(commands) == 2, commands
+    monkeypatch.setitem(sys.modules, "tiktoken", types.SimpleNamespace(get_encoding=lambda name: GPT2Stand_in()))
+    loaded = []
+
+    def from_pretrained(path, dtype):
+        loaded.append(path)
+        raise SystemExit("stop")
+
+    monkeypatch.setattr(release, "from_pretrained", from_pretrained)
+    for argv in commands:
+        with pytest.raises(SystemExit, match="^stop$"):
+            release.main(argv)
+    assert loaded == ["mlra/main/gla_2"] * 2

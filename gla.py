@@ -63,7 +63,8 @@ class GPTConfig:
         assert None not in own, f"{self.attn}'s own fields are unset: make_config sets them"
         assert self.n_head >= 1, "no query head: head_dim is wider than n_embd"
         assert self.ffn_hidden >= 1, f"{self.n_head} query heads leave the MLP no width: fewer heads or a wider n_embd"
-        assert self.rope_dim % 2 == 0, f"RoPE rotates pairs, but the roped dims are {self.rope_dim}: an even head_dim"
+        assert self.rope_dim % 2 == 0, \
+            f"RoPE rotates pairs, but the roped dims are {self.rope_dim}: head_dim a multiple of 4"
         assert self.n_groups >= 1 and self.n_head % self.n_groups == 0, \
             f"{self.n_head} query heads do not split into {self.n_groups} groups"
         if self.attn != "gqa":
@@ -423,7 +424,7 @@ class GPT(nn.Module):
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None):
         """Sample max_new_tokens after the prompts idx (B, T) int64 -> (B, T + max_new_tokens) int64: a prefill, then a
-        cached decode step per token (temperature, top_k as in `sample`). As forward, we stop at block_size."""
+        cached decode step per token (temperature, top_k as in `sample`). As forward, at most block_size tokens."""
         B, T = idx.shape
         S = T + max_new_tokens
         assert T >= 1, "an empty prompt: give it at least one token"
@@ -451,7 +452,7 @@ def sample(logits, temperature=1.0, top_k=None):
     The draw is gpt-fast's: argmax_i p_i / E_i with E_i ~ Exponential(1). E_i / p_i is an exponential wait of rate
     p_i, and the shortest of such waits is token i's with probability p_i: torch.multinomial's draw, without waiting
     for the GPU."""
-    assert temperature >= 0 and (top_k or 0) >= 0, f"temperature {temperature} and top_k {top_k}: 0 or more"  # NaN too
+    assert temperature >= 0 and (top_k or 0) >= 0, f"temperature {temperature} and top_k {top_k}: 0 or more"
     if temperature == 0:
         return logits.argmax(dim=-1)
     shifted = logits.double() - logits.double().amax(dim=-1, keepdim=True)  # (B, vocab): <= 0, the likeliest 0

@@ -173,8 +173,8 @@ if triton is not None:
 # fills the SMs.
 
 if triton is not None:
-    # Tiles of 16 tokens are float32's: MLA's 512-wide latent in float32 takes 110 KiB at 32 (more than sm_86's and
-    # sm_89's 99 KiB per block) and spills everywhere; bf16 picks among all five.
+    # The 16-token tile is for float32: MLA's 512-wide latent in float32 takes 110 KiB at 32 tokens (more than sm_86's
+    # and sm_89's 99 KiB per block) and spills; the autotuner tries all five in either dtype.
     CONFIGS = [triton.Config({"BLOCK_N": n}, num_warps=4, num_stages=s)
                for n, s in ((32, 2), (32, 3), (32, 4), (64, 3), (16, 2))]
     # Keyed by the tile's shape, not the cache length (it grows every step); the interpreter takes the first config.
@@ -241,7 +241,7 @@ def decode_attention(q, k_cache, v_cache, cache_seqlens, qv=None, softmax_scale=
     assert cache_seqlens.dtype == torch.int32 and cache_seqlens.shape == (B,), "cache_seqlens: (B,) int32"
     assert num_splits is None or (isinstance(num_splits, int) and num_splits >= 1), "num_splits: None or an int >= 1"
     max_len = int(cache_seqlens.max()) if max_seqlen is None else max_seqlen
-    assert Lq <= max_len <= S, "cache_seqlens (and max_seqlen) in [Lq, S]"
+    assert Lq <= max_len <= S, "max_seqlen (or max(cache_seqlens)) in [Lq, S]"
     assert all(t.stride(-1) == 1 for t in (q, k_cache, v_cache, qv) if t is not None), "features contiguous, as FA3's"
     scale = _default_scale(Dk, Dv, qv) if softmax_scale is None else softmax_scale
     grid, args, meta, o_part, lse_part = _split_launch(q, k_cache, v_cache, cache_seqlens.contiguous(), qv, scale,

@@ -3,8 +3,8 @@
 For each variant train.py trains a baseline and a model with twice the query heads (same KV cache and parameters).
 At equal training tokens t, dL(t) = L_val(baseline, t) - L_val(double heads, t): above zero, doubling the heads
 helped. Each baseline run <out_dir>/<run>/seed<seed>/ is paired with the double-heads run of its seed: both read the
-same batches, so the data's noise cancels in their difference. The figure draws each pair's dL and their mean, with
-the final dL's 95% t interval in its legend; a CSV of the values is written beside it.
+same batches, so part of the data's noise cancels in their difference. The figure draws each pair's dL and their
+mean, with the final dL's 95% t interval in its legend; a CSV of the values is written beside it.
 """
 import argparse
 import csv
@@ -34,7 +34,7 @@ CSV_COLUMNS = ["variant", "tokens", "n_seeds", "unit", "setting", "val_loss_base
 ARMS_MAY_DIFFER = ("n_head", "ffn_hidden")
 
 # The paper's dL over training: +0.002 to +0.01 nats per GPT-2 token for every variant (Liu et al. 2026). On bytes the
-# band is converted at 4.35 bytes a GPT-2 token of English prose, not measured.
+# band is converted at 4.35 bytes a GPT-2 token (one English text's; FineWeb-Edu's not measured).
 PAPER_DL_PER_TOKEN = (0.002, 0.01)
 BYTES_PER_GPT2_TOKEN = 4.35
 # t(0.975, df), the two-sided 95% quantile of Student's t for df 1-30 (n_seeds - 1), as in the standard tables
@@ -237,6 +237,7 @@ def main(argv=None):
     except OSError as e:
         raise SystemExit(f"plot.py: {e}") from None
     print(f"wrote {args.output} and {csv_path}")
+
 
 if __name__ == "__main__":
     main()

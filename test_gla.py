@@ -537,7 +537,7 @@ def test_a_tiny_temperature_samples_the_likeliest_token():
     (dict(variant="gqa", n_kv_head=3), r"^8 query heads do not split into 3 groups$"),
     (dict(variant="gqa", head_dim=512), r"^no query head: head_dim is wider than n_embd$"),
     (dict(variant="gqa", head_dim=7), r"^RoPE rotates pairs, but the roped dims are 7"),
-    (dict(variant="mla", head_dim=6), r"^RoPE rotates pairs, but the roped dims are 3"),
+    (dict(variant="mla", head_dim=6), r"^RoPE rotates pairs, but the roped dims are 3: head_dim a multiple of 4$"),
     (dict(variant="gla2", n_embd=8, head_dim=4), r"^no query latent: n_embd is too narrow$"),
     (dict(variant="mla", double_heads=True, n_head=6, n_embd=32, head_dim=8),
      r"^12 query heads leave the MLP no width"),

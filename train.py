@@ -137,8 +137,8 @@ def run_dir(out_dir, variant, double_heads, seed):
 
 
 def model_config(args, variant, double_heads):
-    """The GPTConfig of a model from the preset, the variant and the model flags (gla.py asserts what cannot be built;
-    main says it in one line)."""
+    """The GPTConfig of a model from the preset, the variant and the model flags (gla.py asserts what cannot be
+    built)."""
     overrides = {flag: getattr(args, flag) for flag in MODEL_FLAGS if getattr(args, flag) is not None}
     return gla.make_config(args.preset, variant, double_heads, **overrides)
 
@@ -647,7 +647,7 @@ def main(argv=None):
     except OSError as e:  # a full disk, a folder under a file, a missing path
         then = "" if args.sample else "; the files saved before are whole: mend it, then --resume"
         raise SystemExit(f"train.py: {e}{then}") from None
-    except AssertionError as e:  # a model that cannot be built or run as asked: gla.py's asserts say why
+    except AssertionError as e:  # gla.py's asserts: a model that cannot be built or run as asked
         raise SystemExit(f"train.py: {e}") from None
     except torch.OutOfMemoryError:
         raise SystemExit("train.py: out of memory; python bench/memory.py names the --grad_accum that fits") from None

@@ -287,9 +287,9 @@ def test_memory_plan_gives_peaks_and_the_largest_micro_batch(capsys, monkeypatch
 
 
 HELP_SCRIPTS = ["decode_cpu.py", "gpu_build.py", "gpu_check.py", "job_time.py", "kernel_speed.py", "memory.py",
-                "roofline.py", "train_cost.py", "train_speed.py"]
+                "release.py", "roofline.py", "train_cost.py", "train_speed.py"]
 # Each script run by its path with --help, from another folder, in turn in one process (one start of torch, not
-# nine): before each, sys.path and the repository's modules as a fresh process has them, so each script must put the
+# ten): before each, sys.path and the repository's modules as a fresh process has them, so each script must put the
 # repository on sys.path itself.
 HELP_CHILD = """
 import runpy, sys

@@ -64,7 +64,7 @@ class GPTConfig:
         assert self.n_head >= 1, "no query head: head_dim is wider than n_embd"
         assert self.ffn_hidden >= 1, f"{self.n_head} query heads leave the MLP no width: fewer heads or a wider n_embd"
         assert self.rope_dim % 2 == 0, \
-            f"RoPE rotates pairs, but the roped dims are {self.rope_dim}: head_dim a multiple of 4"
+            f"RoPE rotates pairs, but the roped dims are {self.rope_dim}: an even head_dim (MLA / GLA: a multiple of 4)"
         assert self.n_groups >= 1 and self.n_head % self.n_groups == 0, \
             f"{self.n_head} query heads do not split into {self.n_groups} groups"
         if self.attn != "gqa":
@@ -427,7 +427,7 @@ class GPT(nn.Module):
         cached decode step per token (temperature, top_k as in `sample`). As forward, at most block_size tokens."""
         B, T = idx.shape
         S = T + max_new_tokens
-        assert T >= 1, "an empty prompt: give it at least one token"
+        assert T >= 1, "an empty prompt"
         assert S <= self.config.block_size, \
             f"a prompt of {T} tokens and {max_new_tokens} new ones exceed block_size, {self.config.block_size}"
         self.setup_cache(B, S)

@@ -96,8 +96,37 @@ def from_pretrained(path, dtype=None):
     return model
 
 
-def main(argv=None):
+def load_shards(spec, config):
+    """train.py's data of --data: llm.c's GPT-2 token shards only (the release's tokens), its errors as release.py's."""
+    try:
+        data = train.load_data(spec, config.block_size, config.vocab_size)
+    except SystemExit as e:
+        raise SystemExit(str(e.code).replace("train.py: ", "release.py: --data: ", 1)) from None
+    if data.tokenizer != "gpt2":
+        raise SystemExit(f"release.py: --data {spec}: the release reads GPT-2 tokens: a folder of llm.c's token shards")
+    return data
+
+
+def sample_and_score(args, model, encoding, device):
     """Print the model's text from --prompt and the time it took; with --data, its mean validation loss."""
+    data = load_shards(args.data, model.config) if args.data else None  # before the sample: a bad --data fails fast
+    torch.manual_seed(args.seed)
+    started = time.perf_counter()
+    prompt = torch.tensor([encoding.encode(args.prompt)], device=device)
+    tokens = model.generate(prompt, args.max_new_tokens, args.temperature, args.top_k)
+    seconds = time.perf_counter() - started
+    print(f"{encoding.decode(tokens[0].tolist())}\n-- {args.max_new_tokens} new tokens in {seconds:.3f} s")
+    if data is not None:  # validation windows 0 .. eval_iters - 1 in --seed's order, as train.py reads them
+        total = 0.0
+        for k in range(args.eval_iters):
+            x, y = train.get_batch(data, "val", k, 1, model.config.block_size, args.seed)
+            with torch.no_grad():
+                total += model(x.to(device), y.to(device))[1].item()
+        print(f"-- validation loss {total / args.eval_iters:.4f} nats a token over {args.eval_iters} windows")
+
+
+def main(argv=None):
+    """Load a release folder, then sample_and_score it. Bad input and Ctrl-C end in one line on stderr."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("folder", help="a model folder of the release: config.json and pytorch_model*.bin")
     p.add_argument("--prompt", default="\n")
@@ -109,6 +138,8 @@ def main(argv=None):
     p.add_argument("--eval_iters", type=train.positive, default=20, help="validation windows, one a forward")
     p.add_argument("--seed", type=int, default=1337, help="the sample's draws and the validation windows' order")
     args = p.parse_args(argv)
+    if not args.temperature >= 0 or args.top_k < 0:  # NaN fails the first
+        p.error("--temperature and --top_k must be 0 or more")
     try:
         import tiktoken
     except ImportError:
@@ -119,23 +150,13 @@ def main(argv=None):
     except (OSError, ValueError, KeyError, AssertionError, RuntimeError) as e:  # missing, cut, or another model
         reason = " ".join(str(e).split())  # torch's messages span lines
         raise SystemExit(f"release.py: cannot load {args.folder} ({type(e).__name__}: {reason})") from None
-    model.to(device).eval()
-    encoding = tiktoken.get_encoding("gpt2")
-    prompt = encoding.encode(args.prompt)
-    torch.manual_seed(args.seed)
-    started = time.perf_counter()
-    tokens = model.generate(torch.tensor([prompt], device=device), args.max_new_tokens, args.temperature, args.top_k)
-    seconds = time.perf_counter() - started
-    print(f"{encoding.decode(tokens[0].tolist())}\n-- {args.max_new_tokens} new tokens in {seconds:.3f} s")
-    if args.data:  # validation windows 0 .. eval_iters - 1 in --seed's order, as train.py reads them
-        block_size = model.config.block_size
-        data = train.load_data(args.data, block_size, model.config.vocab_size)
-        total = 0.0
-        for k in range(args.eval_iters):
-            x, y = train.get_batch(data, "val", k, 1, block_size, args.seed)
-            with torch.no_grad():
-                total += model(x.to(device), y.to(device))[1].item()
-        print(f"-- validation loss {total / args.eval_iters:.4f} nats a token over {args.eval_iters} windows")
+    try:
+        sample_and_score(args, model.to(device).eval(), tiktoken.get_encoding("gpt2"), device)
+    except AssertionError as e:  # gla.py's: an empty prompt, or one that with --max_new_tokens passes block_size
+        raise SystemExit(f"release.py: {e}") from None
+    except KeyboardInterrupt:
+        print("release.py: stopped", file=sys.stderr)
+        raise SystemExit(130) from None
 
 
 if __name__ == "__main__":

@@ -1173,3 +1173,25 @@ def test_readmes_release_commands_take_the_flags_they_give(monkeypatch):
         with pytest.raises(SystemExit, match="^stop$"):
             release.main(argv)
     assert loaded == ["mlra/main/gla_2"] * 2
+
+
+def test_release_bad_input_is_one_line(tmp_path, monkeypatch, capsys):
+    """bench/release.py's bad input, past the loader, ends in one line: an empty prompt, a prompt and new tokens past
+    block_size, a negative temperature, --data that is missing or not GPT-2 tokens."""
+    model = small_model("gla2", n_layer=1, vocab_size=50304, block_size=32)
+    folder = tmp_path / "gla_2"
+    write_release(folder, *release_checkpoint(model))
+    (tmp_path / "text.txt").write_text("bytes, not GPT-2 tokens " * 20)
+    monkeypatch.setitem(sys.modules, "tiktoken", types.SimpleNamespace(get_encoding=lambda name: GPT2Stand_in()))
+    cases = [
+        (["--prompt", ""], "^release.py: an empty prompt$"),
+        (["--max_new_tokens", "40"], "^release.py: a prompt of 1 tokens and 40 new ones exceed block_size, 32$"),
+        (["--data", str(tmp_path / "none")], "^release.py: --data: .* neither a text file nor a folder"),
+        (["--data", str(tmp_path / "text.txt")], "^release.py: --data .*text.txt: the release reads GPT-2 tokens"),
+    ]
+    for argv, match in cases:
+        with pytest.raises(SystemExit, match=match):
+            release.main([str(folder), "--max_new_tokens", "4", *argv])
+    with pytest.raises(SystemExit) as caught:  # argparse's own line, status 2
+        release.main([str(folder), "--temperature", "-1"])
+    assert caught.value.code == 2 and "--temperature and --top_k must be 0 or more" in capsys.readouterr().err

@@ -1938,8 +1938,9 @@ def bad_inputs(tmp_path):
     cases = {
         ("--attn", "foo"): "invalid choice",
         ("--preset", "huge"): "invalid choice",
-        ("--attn", "gla2", "--n_head", "5"): "train.py: 5 query heads do not split into 2 groups",
-        ("--attn", "gqa", "--n_head", "6", "--n_kv_head", "4"): "train.py: 6 query heads do not split into 4 groups",
+        ("--attn", "gla2", "--n_head", "5"): "train.py: gla2: 5 query heads do not split into 2 groups",
+        ("--attn", "gqa", "--n_head", "6", "--n_kv_head", "4"):
+            "train.py: gqa: 6 query heads do not split into 4 groups",
         ("--data", str(tmp_path / "missing.txt")): "neither a text file nor a folder",
         ("--data", str(tmp_path / "empty.txt")): "has no 129 tokens in a row",
         ("--data", str(tmp_path / "short.txt")): "has no 129 tokens in a row",
@@ -1964,7 +1965,7 @@ def bad_inputs(tmp_path):
         ("--attn", "all", "--double_heads"): "--attn all trains both arms: no --double_heads",
         # The baseline builds; its double-heads twin, which --init coupled draws against, does not.
         ("--attn", "mla", "--n_embd", "32", "--head_dim", "8", "--n_layer", "1", "--n_head", "6"):
-            "train.py: 12 query heads leave the MLP no width",
+            "train.py: mla_double_heads: 12 query heads leave the MLP no width",
         ("--out_dir", str(tmp_path / "a_file" / "out")): "Not a directory",
     }
     if not torch.cuda.is_available():

@@ -3,8 +3,6 @@ Train the double-heads ablation, one of its models or all six; sample text from 
 
     python train.py --attn gla2 --double_heads        # one model (two seeds on the tiny preset), CPU ok
     python train.py --attn all                        # the six models of the ablation
-    torchrun --standalone --nproc_per_node=8 train.py --attn all --preset paper \\
-        --data edu_fineweb100B/ --grad_accum 60 --compile
     python train.py --sample out/gla2/seed1337 --prompt "The return value"    # text from a trained run
 
 The ablation (Liu et al., "Multi-Head Low-Rank Attention", ICLR 2026, arXiv 2603.02188) trains GQA, MLA and GLA-2
@@ -137,10 +135,12 @@ def run_dir(out_dir, variant, double_heads, seed):
 
 
 def model_config(args, variant, double_heads):
-    """The GPTConfig of a model from the preset, the variant and the model flags (gla.py asserts what cannot be
-    built)."""
+    """The GPTConfig of a model from the preset, the variant and the model flags; what gla.py asserts, one line."""
     overrides = {flag: getattr(args, flag) for flag in MODEL_FLAGS if getattr(args, flag) is not None}
-    return gla.make_config(args.preset, variant, double_heads, **overrides)
+    try:
+        return gla.make_config(args.preset, variant, double_heads, **overrides)
+    except AssertionError as e:
+        raise SystemExit(f"train.py: {run_name(variant, double_heads)}: {e}") from None
 
 
 # ---- The data: bytes of text, or llm.c's token shards, read in windows of block_size + 1 tokens

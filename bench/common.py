@@ -24,15 +24,12 @@ class InputError(Exception):
 
 
 def train_call(fn, *args):
-    """fn(*args), one of train.py's functions that end bad input in SystemExit (get_args, setup) or an AssertionError
-    (model_config), that input raised as InputError: its one line without the "train.py: " prefix, or argparse's
-    without its usage block."""
+    """fn(*args), one of train.py's functions that end bad input in SystemExit (get_args, setup, model_config), that
+    input raised as InputError: its one line without the "train.py: " prefix, or argparse's without its usage block."""
     err = io.StringIO()
     try:
         with contextlib.redirect_stderr(err):
             return fn(*args)
-    except AssertionError as e:  # gla.py's, which train.py's main says in one line
-        raise InputError(str(e)) from None
     except SystemExit as e:
         if isinstance(e.code, str):
             raise InputError(e.code.removeprefix("train.py: ")) from None
